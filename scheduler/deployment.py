@@ -1,0 +1,210 @@
+"""What the scheduler plans over: models (profiles), apps (chains of models), batch bounds, groups.
+
+Apps that list the same model share its stages: a request of app `pose = [detector, head]` that
+stands at stage 3 of `detector` can batch with a request of app `detector` at its stage 3.
+Positions count over an app's whole chain; `locate` maps one to (model, stage).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scheduler.errors import InputError
+from scheduler.profile import Profile
+from scheduler.types import App
+
+DEFAULT_GROUPS = 5
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """Model `model` occupies positions [offset, offset + num_stages) of an app's chain."""
+
+    model: str
+    offset: int
+    num_stages: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.num_stages
+
+
+class Deployment:
+    """Profiles, apps and the bounds that every policy plans with. Immutable after construction.
+
+    `max_batch` caps every model's batch bound B (a model's bound is the smaller of this cap and
+    its profile's `max_batch`). `groups` is G, the number of layer groups per model of about equal
+    batch-1 time (paper section 4.1): the runtime re-plans after each group, and the grouped DP
+    treats the requests inside one group as one unit.
+    """
+
+    def __init__(
+        self,
+        profiles: Iterable[Profile],
+        apps: Iterable[App] | None = None,
+        max_batch: int | None = None,
+        groups: int = DEFAULT_GROUPS,
+        source: str = "deployment",
+    ) -> None:
+        self.profiles: dict[str, Profile] = {}
+        for p in profiles:
+            if p.model in self.profiles:
+                raise InputError(source, "profiles", f"one profile per model ({p.model} twice)")
+            self.profiles[p.model] = p
+        if not self.profiles:
+            raise InputError(source, "profiles", "at least one profile")
+        if max_batch is not None and max_batch < 1:
+            raise InputError(source, "max_batch", "a positive integer", max_batch)
+        if groups < 1:
+            raise InputError(source, "groups", "a positive number of layer groups", groups)
+        app_list = list(apps) if apps is not None else []
+        if not app_list:
+            app_list = [App(m, (m,)) for m in self.profiles]
+        self.apps: dict[str, App] = {}
+        for app in app_list:
+            _check_app(app, self.profiles, source)
+            self.apps[app.name] = app
+        self.max_batch_cap = max_batch
+        self.groups = groups
+        self._chains = {a.name: _chain(a, self.profiles) for a in app_list}
+        self._stage_at = {
+            a: tuple((link.model, k) for link in chain for k in range(link.num_stages))
+            for a, chain in self._chains.items()
+        }
+        self._limits = {
+            m: p.max_batch if max_batch is None else min(p.max_batch, max_batch)
+            for m, p in self.profiles.items()
+        }
+        self._tables = {m: p.table(self._limits[m]) for m, p in self.profiles.items()}
+        self._bounds = {m: _group_bounds(p, groups) for m, p in self.profiles.items()}
+        # per app, for every position: the layer group it lies in, counted over the chain
+        self._group_at = {a: self._chain_groups(chain) for a, chain in self._chains.items()}
+
+    # --- chains -------------------------------------------------------------------------
+    def chain(self, app: str) -> tuple[ChainLink, ...]:
+        return self._chains[app]
+
+    def app_length(self, app: str) -> int:
+        """Total number of stages of `app`; a request at this position is finished."""
+        return self._chains[app][-1].end
+
+    def locate(self, app: str, position: int) -> tuple[str, int]:
+        """(model, stage) at which a request of `app` at `position` stands (position < length)."""
+        return self._stage_at[app][position]
+
+    def link_of(self, app: str, model: str) -> ChainLink | None:
+        for link in self._chains[app]:
+            if link.model == model:
+                return link
+        return None
+
+    def apps_sharing(self, app: str) -> frozenset[str]:
+        """Other apps that list at least one model of `app`."""
+        mine = set(self.apps[app].models)
+        return frozenset(a for a, spec in self.apps.items() if a != app and mine & set(spec.models))
+
+    # --- latency ------------------------------------------------------------------------
+    def batch_limit(self, model: str) -> int:
+        """B for `model`: the largest batch any stage of it may run."""
+        return self._limits[model]
+
+    def table(self, model: str) -> tuple[tuple[float, ...], ...]:
+        """`table[k][b]` = latency of stage k at batch b, for 0 <= b <= batch_limit(model)."""
+        return self._tables[model]
+
+    def latency_ms(self, model: str, stage: int, batch: int) -> float:
+        if batch > self._limits[model]:
+            return math.inf
+        return self._tables[model][stage][batch]
+
+    def run_ms(self, model: str, k0: int, k1: int, batch: int) -> float:
+        """Latency of stages [k0, k1) of `model` at one batch size."""
+        if batch > self._limits[model]:
+            return math.inf
+        t = self._tables[model]
+        return sum(t[k][batch] for k in range(k0, k1))
+
+    def solo_ms(self, app: str, position: int) -> float:
+        """Time for one request of `app` to run alone from `position` to the end of its app."""
+        return sum(
+            self.run_ms(link.model, max(0, position - link.offset), link.num_stages, 1)
+            for link in self._chains[app]
+            if position < link.end
+        )
+
+    # --- groups -------------------------------------------------------------------------
+    def group_bounds(self, model: str) -> tuple[int, ...]:
+        """Stage indices where the groups of `model` start, first 0, increasing."""
+        return self._bounds[model]
+
+    def group_end(self, model: str, stage: int) -> int:
+        """First group boundary strictly after `stage` (the model's stage count at the end)."""
+        for b in self._bounds[model]:
+            if b > stage:
+                return b
+        return self.profiles[model].num_stages
+
+    def chain_groups(self, app: str) -> tuple[int, ...]:
+        """For every position of `app`, the index of the layer group it lies in, counted over
+        the app's whole chain."""
+        return self._group_at[app]
+
+    def group_of(self, model: str, stage: int) -> int:
+        """Index of the layer group of `model` that `stage` lies in."""
+        return sum(1 for b in self._bounds[model] if b <= stage) - 1
+
+    def _chain_groups(self, chain: tuple[ChainLink, ...]) -> tuple[int, ...]:
+        out: list[int] = []
+        base = 0
+        for link in chain:
+            out.extend(base + self.group_of(link.model, k) for k in range(link.num_stages))
+            base += len(self._bounds[link.model])
+        return tuple(out)
+
+
+def _check_app(app: App, profiles: Mapping[str, Profile], source: str) -> None:
+    if not app.models:
+        raise InputError(source, f"apps.{app.name}", "a non-empty list of model names")
+    for m in app.models:
+        if m not in profiles:
+            raise InputError(
+                source,
+                f"apps.{app.name}",
+                f"models with a profile ({', '.join(sorted(profiles))})",
+                m,
+            )
+    if len(set(app.models)) != len(app.models):
+        raise InputError(
+            source, f"apps.{app.name}", "each model at most once in a chain", list(app.models)
+        )
+
+
+def _chain(app: App, profiles: Mapping[str, Profile]) -> tuple[ChainLink, ...]:
+    links = []
+    offset = 0
+    for m in app.models:
+        n = profiles[m].num_stages
+        links.append(ChainLink(m, offset, n))
+        offset += n
+    return tuple(links)
+
+
+def _group_bounds(profile: Profile, groups: int) -> tuple[int, ...]:
+    """Split the stages into `groups` contiguous groups of about equal batch-1 latency."""
+    n = profile.num_stages
+    if groups >= n:
+        return tuple(range(n))
+    cum = [0.0]
+    for k in range(n):
+        cum.append(cum[-1] + profile.latency_ms(k, 1))
+    total = cum[-1]
+    bounds = [0]
+    for g in range(1, groups):
+        target = total * g / groups
+        lo = bounds[-1] + 1
+        hi = n - (groups - g)  # leave at least one stage for each remaining group
+        best = min(range(lo, hi + 1), key=lambda k: (abs(cum[k] - target), k))
+        bounds.append(best)
+    return tuple(bounds)

@@ -1,0 +1,42 @@
+"""Every scheduling policy, selectable by name (`make_policy`)."""
+
+from __future__ import annotations
+
+from scheduler.dp import UnitMode
+from scheduler.errors import InputError
+from scheduler.policies.batch import Batch
+from scheduler.policies.dp import DEFAULT_MAX_ACTIVE, DPScheduler
+from scheduler.policies.edf import EDF
+from scheduler.policies.nobatch import NoBatch
+from scheduler.policies.whole_model import Dynamic, Nexus
+from scheduler.types import Scheduler
+
+POLICIES = ("nobatch", "dynamic", "batch", "nexus", "edf", "dp-time", "dp-tardy")
+
+
+def make_policy(
+    name: str,
+    exact: bool = False,
+    unit: UnitMode | None = None,
+    max_active: int = DEFAULT_MAX_ACTIVE,
+) -> Scheduler:
+    """The policy called `name`. `exact` (or unit="request") selects the DP's per-request form;
+    unit="layer" the layer-unit form; the default is layer groups (the deployment's G)."""
+    mode: UnitMode = "request" if exact else (unit or "group")
+    if name == "dp-time":
+        return DPScheduler("time", mode, max_active)
+    if name == "dp-tardy":
+        return DPScheduler("tardy", mode, max_active)
+    simple: dict[str, type[Scheduler]] = {
+        "nobatch": NoBatch,
+        "dynamic": Dynamic,
+        "batch": Batch,
+        "nexus": Nexus,
+        "edf": EDF,
+    }
+    if name not in simple:
+        raise InputError("--policy", "", f"one of {', '.join(POLICIES)}", name)
+    return simple[name]()
+
+
+__all__ = ["POLICIES", "make_policy"]

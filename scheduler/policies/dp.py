@@ -1,0 +1,159 @@
+"""`dp-time` and `dp-tardy`: the paper's dynamic programs (paper 003, sections 4.1-4.3).
+
+dp-time minimises the total completion time of the active requests (objective: that total in ms,
+measured from now).
+
+dp-tardy minimises the number of requests that miss their deadline (objective: that number,
+drops included). It drops the requests that cannot make their deadline even alone, then repeats:
+plan the survivors several ways and keep the plan with the fewest late requests (then the smallest
+total completion time); if it has late requests, drop them and go again. The candidate plans are
+the tardy-count DP over orders of apps, the completion-time DP, with several apps the apps' tardy
+segmentations merged by earliest deadline (an order-of-apps plan runs one app to completion
+first, which can leave late a request that re-planning would serve on time), and the previous
+round's plan without the requests dropped since (their batch slots freed, the others only get
+earlier; in the first round, the completion-time plan made with the hopeless requests). So with
+latencies that grow with batch size, dp-tardy never misses more requests than those plans would.
+
+Only the first `max_active` (default 500) requests in arrival order are planned by the DP (paper
+section 4.1); the rest are appended in arrival order in segments of B and reconsidered as the
+earlier ones finish. The recurrences are in `scheduler.dp`, the order of apps in `scheduler.search`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any, Literal
+
+from scheduler.deployment import Deployment
+from scheduler.dp import UnitMode
+from scheduler.policies.common import HOPELESS, PREDICTED_LATE, split_expired
+from scheduler.search import AppSearch
+from scheduler.segments import walk
+from scheduler.state import SchedulerState
+from scheduler.timeline import finish_plan, replay, total_completion_ms
+from scheduler.types import Action, Drop, Plan, Request
+
+DEFAULT_MAX_ACTIVE = 500
+
+
+class DPScheduler:
+    """The DP policy; `objective` is "time" (dp-time) or "tardy" (dp-tardy)."""
+
+    def __init__(
+        self,
+        objective: Literal["time", "tardy"] = "time",
+        unit: UnitMode = "group",
+        max_active: int = DEFAULT_MAX_ACTIVE,
+    ) -> None:
+        self.objective = objective
+        self.unit: UnitMode = unit
+        self.max_active = max_active
+        self.name = "dp-time" if objective == "time" else "dp-tardy"
+
+    def plan(self, state: SchedulerState, now_ms: float) -> Plan:
+        live, drops = split_expired(state, now_ms)
+        memo: dict[str, Any] = state.memo.setdefault(f"{self.name}/{self.unit}", {})
+        if self.objective == "time":
+            actions = self._actions(state, live, now_ms, "time", memo)
+            return finish_plan(state, now_ms, actions, drops, policy=self.name)
+        return self._plan_tardy(state, live, drops, now_ms, memo)
+
+    def _actions(
+        self,
+        state: SchedulerState,
+        live: list[Request],
+        now_ms: float,
+        objective: str,
+        memo: dict[str, Any],
+        interleave: bool = False,
+    ) -> list[Action]:
+        head, tail = live[: self.max_active], live[self.max_active :]
+        search = AppSearch(state.deployment, head, self.unit, memo, now_ms)
+        if not head:
+            actions = []
+        elif interleave:
+            actions = search.interleaved_tardy()
+        else:
+            actions = search.actions(search.best_order(objective))
+        return actions + _tail_actions(state, tail)
+
+    def _plan_tardy(
+        self,
+        state: SchedulerState,
+        live: list[Request],
+        drops: list[Drop],
+        now_ms: float,
+        memo: dict[str, Any],
+    ) -> Plan:
+        d = state.deployment
+        # late even if run alone now: dropped at once. The completion-time plan made with them,
+        # minus them, is kept as a candidate: dropping re-forms the DP's units, which may serve
+        # the others worse than the old units with the hopeless requests taken out.
+        hopeless = {r.id for r in live if now_ms + d.solo_ms(r.app, r.position) > r.deadline_ms}
+        actions: list[Action] = []
+        if hopeless:
+            actions = _without(self._actions(state, live, now_ms, "time", memo), hopeless)
+            drops = drops + [Drop(rid, HOPELESS) for rid in sorted(hopeless)]
+            live = [r for r in live if r.id not in hopeless]
+        planned = {r.id for r in live[: self.max_active]}
+        multi_app = len({r.app for r in live[: self.max_active]}) > 1
+        while True:
+            candidates = [
+                self._actions(state, live, now_ms, "tardy", memo),
+                self._actions(state, live, now_ms, "time", memo),
+            ]
+            if multi_app:
+                candidates.append(
+                    self._actions(state, live, now_ms, "tardy", memo, interleave=True)
+                )
+            if actions:  # the previous plan without the requests dropped since
+                candidates.append(actions)
+            scored = [
+                (_late_and_total(d, live, planned, now_ms, a), n) for n, a in enumerate(candidates)
+            ]
+            (late, _), best = min(scored, key=lambda x: (len(x[0][0]), x[0][1], x[1]))
+            actions = candidates[best]
+            if not late:
+                break
+            drops = drops + [Drop(rid, PREDICTED_LATE) for rid in late]
+            gone = set(late)
+            live = [r for r in live if r.id not in gone]
+            actions = _without(actions, gone)
+        plan = finish_plan(state, now_ms, actions, drops, policy=self.name)
+        return dataclasses.replace(plan, objective=float(len(drops)))
+
+
+def _late_and_total(
+    d: Deployment, live: list[Request], planned: set[str], now_ms: float, actions: list[Action]
+) -> tuple[list[str], float]:
+    """Planned requests that `actions` finish after their deadline, and the total completion."""
+    completion, _ = replay(d, live, now_ms, actions)
+    late = [r.id for r in live if r.id in planned and completion[r.id] > r.deadline_ms]
+    return late, total_completion_ms(completion, now_ms)
+
+
+def _without(actions: list[Action], gone: set[str]) -> list[Action]:
+    """The same schedule with some requests taken out (their batches shrink)."""
+    out = []
+    for a in actions:
+        kept = tuple(r for r in a.request_ids if r not in gone)
+        if kept:
+            out.append(dataclasses.replace(a, request_ids=kept))
+    return out
+
+
+def _tail_actions(state: SchedulerState, tail: list[Request]) -> list[Action]:
+    """Requests beyond the DP's window: per app in arrival order, segments of up to B."""
+    d = state.deployment
+    by_app: dict[str, list[Request]] = defaultdict(list)
+    for r in tail:
+        by_app[r.app].append(r)
+    actions: list[Action] = []
+    for app in sorted(by_app, key=lambda a: (by_app[a][0].arrival_ms, a)):
+        bound = min(d.batch_limit(link.model) for link in d.chain(app))
+        rs = by_app[app]
+        for k in range(0, len(rs), bound):
+            chunk = sorted((r.position, r.id) for r in rs[k : k + bound])
+            actions.extend(walk(d, app, chunk, build=True).actions)
+    return actions

@@ -1,0 +1,300 @@
+"""Several apps: one DP per app, then the best order of apps (paper 003, section 4.3).
+
+An order runs every request of the first app to completion (picking up riders of other apps at
+shared models), then the second app, and so on; re-planning after every layer group lets the
+runtime interleave apps over time. For dp-time an app's DP is weighted by the requests of the
+apps after it (they all wait), so the sum of the apps' DP costs is the total completion time of
+the order. For dp-tardy the apps run from the end time of the previous ones and the order is
+compared by (tardy requests, total completion time).
+
+Up to EXACT_APPS active apps every order is searched (depth-first, with branch-and-bound on the
+partial objective, and memoised per-app solutions for apps whose requests earlier apps cannot
+move). Above that the order is Smith's rule for dp-time (ascending schedule duration / number
+of requests, the optimal order for independent apps run as single blocks) and earliest
+deadline first over apps for dp-tardy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.deployment import Deployment
+from scheduler.dp import (
+    AppProblem,
+    SegmentCosts,
+    Solution,
+    UnitMode,
+    make_problem,
+    solve_tardy,
+    solve_time,
+)
+from scheduler.segments import Rider, walk
+from scheduler.types import Action, Request
+
+EXACT_APPS = 6
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where each unfinished request stands during the search, and how many each app has left."""
+
+    pos: dict[str, int]
+    left: dict[str, int]
+
+    def copy(self) -> Positions:
+        return Positions(dict(self.pos), dict(self.left))
+
+
+@dataclass(frozen=True)
+class Ordered:
+    """The chosen order of apps: each app's problem (as the order leaves it) and segmentation,
+    and the objective of the whole."""
+
+    steps: tuple[tuple[AppProblem, Solution], ...]
+    cost_ms: float
+    tardy: int
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return tuple(prob.app for prob, _ in self.steps)
+
+
+class AppSearch:
+    """Plans the given requests (all unfinished) app by app; see the module docstring."""
+
+    def __init__(
+        self,
+        d: Deployment,
+        requests: Sequence[Request],
+        mode: UnitMode,
+        memo: dict[str, dict[Any, Any]],
+        now_ms: float,
+    ) -> None:
+        self.d = d
+        self.mode = mode
+        self.now_ms = now_ms
+        self.memo_d = memo.setdefault("segment_ms", {})
+        self.memo_g = memo.setdefault("suffix_cost", {})
+        self.req = {r.id: r for r in requests}
+        self.by_app: dict[str, list[Request]] = defaultdict(list)
+        for r in sorted(requests, key=lambda r: (r.arrival_ms, r.id)):  # make_problem needs it
+            self.by_app[r.app].append(r)
+        self.apps = tuple(sorted(self.by_app))
+        self.sharing = {a: d.apps_sharing(a) & set(self.apps) for a in self.apps}
+        self.component = _components(self.apps, self.sharing)
+        # (app, waiting, order of the apps before it that can move its requests) -> solution
+        self._solved: dict[tuple[str, int, tuple[str, ...]], tuple[AppProblem, Solution]] = {}
+
+    def start(self) -> Positions:
+        return Positions(
+            {r.id: r.position for r in self.req.values()},
+            {a: len(rs) for a, rs in self.by_app.items()},
+        )
+
+    # --- one app ----------------------------------------------------------------------
+    def problem(self, app: str, at: Positions) -> AppProblem:
+        own = [(r, at.pos[r.id]) for r in self.by_app[app] if r.id in at.pos]
+        riders: list[Rider] = []
+        for other in sorted(self.sharing[app]):
+            for r in self.by_app[other]:
+                p = at.pos.get(r.id)
+                if p is None:
+                    continue
+                model, stage = self.d.locate(other, p)
+                mine = self.d.link_of(app, model)
+                theirs = self.d.link_of(other, model)
+                if mine is not None and theirs is not None:
+                    riders.append(Rider(r.id, mine.offset + stage, mine.end, theirs.end))
+        return make_problem(self.d, app, own, riders, self.mode)
+
+    def costs(self, prob: AppProblem) -> SegmentCosts:
+        return SegmentCosts(self.d, prob, self.memo_d)
+
+    def run(
+        self, prob: AppProblem, sol: Solution, at: Positions, build: bool
+    ) -> tuple[Positions, list[Action]]:
+        """Apply the app's segments: its requests finish, riders advance to their next model.
+
+        Returns new positions; `at` is left as it was (the search backtracks through it). An app
+        that shares no model with another active app moves nobody else, so its positions are
+        shared with `at` and only its count of requests left changes.
+        """
+        costs = self.costs(prob)
+        shares = bool(self.sharing[prob.app])
+        out = at.copy() if shares else Positions(at.pos, dict(at.left))
+        actions: list[Action] = []
+        for j, i in sol.cuts:
+            if shares:
+                for u in range(j, i + 1):
+                    for _, rid in prob.units[u].members:
+                        out.pos.pop(rid, None)
+            riders = costs.riders_for(j, i)
+            if not build and not riders:
+                continue
+            w = walk(self.d, prob.app, costs.members(j, i), riders, build=True)
+            actions.extend(w.actions)
+            for rider in w.riders:
+                owner = self.req[rider.id].app
+                if rider.next_pos >= self.d.app_length(owner):
+                    out.pos.pop(rider.id, None)
+                    out.left[owner] -= 1
+                else:
+                    out.pos[rider.id] = rider.next_pos
+        out.left[prob.app] = 0
+        return out, actions
+
+    # --- orders of apps ---------------------------------------------------------------
+    def best_order(self, objective: str) -> Ordered:
+        if len(self.apps) > EXACT_APPS:
+            return self._heuristic(objective)
+        best: list[Any] = [None]
+        self._dfs(objective, self.apps, self.start(), (), 0.0, 0, self.now_ms, best)
+        found: Ordered = best[0]
+        return found
+
+    def _solve(
+        self,
+        objective: str,
+        app: str,
+        at: Positions,
+        rest: Sequence[str],
+        t0: float,
+        prefix: tuple[str, ...],
+    ) -> tuple[AppProblem, Solution]:
+        if objective == "time":
+            waiting = sum(at.left[b] for b in rest)
+            key = (app, waiting, prefix)
+            hit = self._solved.get(key)
+            if hit is None:
+                prob = self.problem(app, at)
+                hit = self._solved[key] = (prob, solve_time(self.costs(prob), waiting, self.memo_g))
+            return hit
+        prob = self.problem(app, at)
+        return prob, solve_tardy(self.costs(prob), t0, self.now_ms)
+
+    def _dfs(
+        self,
+        objective: str,
+        remaining: tuple[str, ...],
+        at: Positions,
+        steps: tuple[tuple[AppProblem, Solution], ...],
+        cost: float,
+        tardy: int,
+        t0: float,
+        best: list[Any],
+    ) -> None:
+        live = tuple(a for a in remaining if at.left[a] > 0)
+        if not live:
+            cand = Ordered(steps, cost, tardy)
+            if best[0] is None or (tardy, cost) < (best[0].tardy, best[0].cost_ms):
+                best[0] = cand
+            return
+        for a in live:
+            rest = tuple(b for b in live if b != a)
+            prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
+            prob, sol = self._solve(objective, a, at, rest, t0, prefix)
+            # time: sol.cost_ms charges the apps after `a` for waiting; tardy: it is the sum of
+            # a's completion times measured from now. Either way the costs add up.
+            c2, t2 = cost + sol.cost_ms, tardy + sol.tardy
+            if best[0] is not None and (t2, c2) >= (best[0].tardy, best[0].cost_ms):
+                continue
+            nxt, _ = self.run(prob, sol, at, build=False)
+            self._dfs(
+                objective,
+                rest,
+                nxt,
+                steps + ((prob, sol),),
+                c2,
+                t2,
+                t0 + sol.duration_ms,
+                best,
+            )
+
+    def _heuristic(self, objective: str) -> Ordered:
+        at = self.start()
+        steps: list[tuple[AppProblem, Solution]] = []
+        cost, tardy, t0 = 0.0, 0, self.now_ms
+        remaining = list(self.apps)
+        while True:
+            live = [a for a in remaining if at.left[a] > 0]
+            if not live:
+                break
+            if objective == "time":
+                scored = []
+                for a in live:
+                    rest = [b for b in live if b != a]
+                    prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
+                    prob, sol = self._solve(objective, a, at, rest, t0, prefix)
+                    scored.append((sol.duration_ms / at.left[a], a, prob, sol))
+                _, a, prob, sol = min(scored, key=lambda x: (x[0], x[1]))
+            else:
+                a = min(live, key=lambda x: (min(r.deadline_ms for r in self.by_app[x]), x))
+                rest = [b for b in live if b != a]
+                prob, sol = self._solve(objective, a, at, rest, t0, ())  # not memoised
+                tardy += sol.tardy
+            at, _ = self.run(prob, sol, at, build=False)
+            cost += sol.cost_ms
+            t0 += sol.duration_ms
+            steps.append((prob, sol))
+            remaining.remove(a)
+        return Ordered(tuple(steps), cost, tardy)
+
+    def interleaved_tardy(self) -> list[Action]:
+        """Each app's tardy segmentation as if it ran first (no riders), the apps' segments then
+        merged by earliest deadline, each app's segments kept in their order."""
+        queues: list[list[tuple[float, list[Action]]]] = []
+        at = self.start()
+        for app in self.apps:
+            own = [(r, at.pos[r.id]) for r in self.by_app[app]]
+            prob = make_problem(self.d, app, own, [], self.mode)
+            costs = self.costs(prob)
+            sol = solve_tardy(costs, self.now_ms, self.now_ms)
+            segs = []
+            for j, i in sol.cuts:
+                first_deadline = min(prob.units[u].deadlines[0] for u in range(j, i + 1))
+                segs.append(
+                    (first_deadline, walk(self.d, app, costs.members(j, i), build=True).actions)
+                )
+            queues.append(segs)
+        out: list[Action] = []
+        heads = [0] * len(queues)
+        while True:
+            ready = [(q[heads[n]][0], n) for n, q in enumerate(queues) if heads[n] < len(q)]
+            if not ready:
+                return out
+            _, n = min(ready)
+            out.extend(queues[n][heads[n]][1])
+            heads[n] += 1
+
+    def actions(self, ordered: Ordered) -> list[Action]:
+        """The chosen order's actions, from the initial positions."""
+        at = self.start()
+        out: list[Action] = []
+        for prob, sol in ordered.steps:
+            at, acts = self.run(prob, sol, at, build=True)
+            out.extend(acts)
+        return out
+
+
+def _components(
+    apps: Sequence[str], sharing: dict[str, frozenset[str]]
+) -> dict[str, frozenset[str]]:
+    comp: dict[str, frozenset[str]] = {}
+    for a in apps:
+        if a in comp:
+            continue
+        seen = {a}
+        stack = [a]
+        while stack:
+            x = stack.pop()
+            for y in sharing[x]:
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        group = frozenset(seen)
+        for x in group:
+            comp[x] = group
+    return comp

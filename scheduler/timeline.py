@@ -1,0 +1,109 @@
+"""Running a list of actions back to back: the one place that turns actions into times.
+
+`finish_plan` is how every policy builds its `Plan`: it replays the actions from `now_ms` on an
+idle device with the profile latencies, checks the plan's guarantees (each action's requests stand
+at its first stage, batches within B, every request not dropped finishes) and records each
+request's completion time. A violation is a bug in the policy and raises `PlanError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from scheduler.deployment import Deployment
+from scheduler.state import SchedulerState
+from scheduler.types import Action, Drop, Plan, Request
+
+
+class PlanError(RuntimeError):
+    """A policy produced a plan that breaks the `Plan` guarantees (a bug, not bad input)."""
+
+
+def replay(
+    deployment: Deployment,
+    requests: Iterable[Request],
+    now_ms: float,
+    actions: Sequence[Action],
+) -> tuple[dict[str, float], float]:
+    """Run `actions` back to back from `now_ms`.
+
+    Returns (completion time of every request that finishes, time the last action ends).
+    Raises `PlanError` on an action that cannot run as written.
+    """
+    # every request's current (model, stage); a model's successor in each app's chain
+    where: dict[str, tuple[str, int]] = {}
+    app_of: dict[str, str] = {}
+    for r in requests:
+        where[r.id] = deployment.locate(r.app, r.position)
+        app_of[r.id] = r.app
+    successor: dict[tuple[str, str], str | None] = {}
+    for a in deployment.apps:
+        chain = deployment.chain(a)
+        for i, link in enumerate(chain):
+            successor[(a, link.model)] = chain[i + 1].model if i + 1 < len(chain) else None
+    completion: dict[str, float] = {}
+    t = now_ms
+    for n, act in enumerate(actions):
+        if act.model not in deployment.profiles:
+            raise PlanError(f"action {n}: unknown model {act.model}")
+        k0, k1 = act.stages
+        n_stages = deployment.profiles[act.model].num_stages
+        if not 0 <= k0 < k1 <= n_stages:
+            raise PlanError(f"action {n}: stages {act.stages} outside model {act.model}")
+        if not act.request_ids or len(set(act.request_ids)) != len(act.request_ids):
+            raise PlanError(f"action {n}: empty or repeated request ids")
+        duration = deployment.run_ms(act.model, k0, k1, len(act.request_ids))
+        if math.isinf(duration):
+            raise PlanError(f"action {n}: batch {len(act.request_ids)} exceeds B for {act.model}")
+        start = t if act.not_before_ms is None else max(t, act.not_before_ms)
+        t = start + duration
+        here = (act.model, k0)
+        for rid in act.request_ids:
+            if where.get(rid) != here:
+                raise PlanError(f"action {n}: request {rid} does not stand at {act.model}[{k0}]")
+            if k1 < n_stages:
+                where[rid] = (act.model, k1)
+                continue
+            nxt = successor[(app_of[rid], act.model)]
+            if nxt is None:
+                del where[rid]
+                completion[rid] = t
+            else:
+                where[rid] = (nxt, 0)
+    return completion, t
+
+
+def finish_plan(
+    state: SchedulerState,
+    now_ms: float,
+    actions: Sequence[Action],
+    dropped: Sequence[Drop] = (),
+    objective: float | None = None,
+    policy: str = "",
+    notes: Mapping[str, float] | None = None,
+) -> Plan:
+    """Check `actions` against the plan guarantees and build the `Plan`.
+
+    `objective` defaults to the total completion time, sum of (completion - now) in ms.
+    """
+    gone = {d.request_id for d in dropped}
+    live = [r for r in state if r.id not in gone]
+    completion, _ = replay(state.deployment, live, now_ms, actions)
+    missing = [r.id for r in live if r.id not in completion]
+    if missing:
+        raise PlanError(f"{policy}: plan leaves requests unfinished: {missing[:5]}")
+    if objective is None:
+        objective = total_completion_ms(completion, now_ms)
+    return Plan(
+        actions=tuple(actions),
+        completion_ms=completion,
+        dropped=tuple(dropped),
+        objective=objective,
+        policy=policy,
+        notes=dict(notes or {}),
+    )
+
+
+def total_completion_ms(completion: Mapping[str, float], now_ms: float) -> float:
+    return sum(c - now_ms for c in completion.values())

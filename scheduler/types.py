@@ -1,0 +1,102 @@
+"""The types that pass between the runtime, the scheduler and the executor (DESIGN.md, core types).
+
+A request is a position in a chain of stages. An `Action` runs stages [k0, k1) of one model for a
+set of requests that all stand at stage k0 of that model. A `Plan` is an ordered list of actions
+that, run back to back from `now_ms` on an idle device, finishes every request it does not drop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scheduler.state import SchedulerState
+
+
+@dataclass(frozen=True)
+class App:
+    """A named chain of models; a request of this app runs every stage of every model in order."""
+
+    name: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One inference request.
+
+    `position` is the next stage to run, counted over the app's whole chain (0 = nothing run yet;
+    a client that ran the first k stages itself sends position k). Times are absolute, in ms, on
+    the clock that the runtime passes to the scheduler as `now_ms`.
+    """
+
+    id: str
+    app: str
+    position: int
+    arrival_ms: float
+    deadline_ms: float = math.inf
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    """Run stages [stages[0], stages[1]) of `model` for `request_ids`, all standing at stages[0].
+
+    `not_before_ms` (optional) is the earliest time the action may start: a policy that chooses
+    to wait for more requests (e.g. `nexus`) says so here; the device idles until then.
+    """
+
+    model: str
+    stages: tuple[int, int]
+    request_ids: tuple[str, ...]
+    not_before_ms: float | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A request the plan will not run, with the reason the client is told."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete schedule from `now_ms` on an idle device.
+
+    Guarantees (checked by `scheduler.timeline.finish_plan`, which every policy uses):
+    every active request is either dropped or finishes in the actions; each action's requests
+    stand at its first stage when it starts; `completion_ms[r]` is the end of the action that
+    finishes r when the actions run back to back with the profile latencies.
+    `objective` is what the policy minimises (see the policy's docstring).
+    """
+
+    actions: tuple[Action, ...]
+    completion_ms: Mapping[str, float]
+    dropped: tuple[Drop, ...] = ()
+    objective: float = 0.0
+    policy: str = ""
+    notes: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def dropped_ids(self) -> tuple[str, ...]:
+        return tuple(d.request_id for d in self.dropped)
+
+
+class Scheduler(Protocol):
+    """A policy. `plan` is pure: it reads no clock, no globals and no randomness it was not given.
+
+    It may read and refresh the memo tables kept in `state.memo` (owned by the runtime), which
+    never changes what it returns, only how fast.
+    """
+
+    name: str
+
+    def plan(self, state: SchedulerState, now_ms: float) -> Plan: ...

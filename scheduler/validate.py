@@ -1,0 +1,49 @@
+"""Small checks for decoded JSON that raise `InputError` naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from scheduler.errors import InputError
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """Decode the JSON file at `path`; unreadable or invalid files raise `InputError`."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(source, "", f"a readable {what} JSON file", exc.strerror) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, "", f"valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def is_int(x: object) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: object) -> TypeGuard[int | float]:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def json_object(x: object, source: str, field: str) -> Mapping[str, Any]:
+    if not isinstance(x, dict):
+        raise InputError(source, field or "(top level)", "a JSON object", type(x).__name__)
+    return x
+
+
+def nonempty_str(x: object, source: str, field: str) -> str:
+    if not isinstance(x, str) or not x:
+        raise InputError(source, field, "a non-empty string", x)
+    return x
+
+
+def int_list(x: object, source: str, field: str, positive: bool) -> list[int]:
+    if not isinstance(x, list) or not all(is_int(v) and (v > 0 or not positive) for v in x):
+        raise InputError(source, field, "a list of positive integers", x)
+    return list(x)

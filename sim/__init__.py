@@ -1,0 +1,1 @@
+"""Discrete-event simulator: the same scheduler, profiled execution, metrics, capacity search."""
