@@ -27,7 +27,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy scheduler sim traces layerbatch.py
+	$(BIN)/mypy --strict scheduler sim
+	$(BIN)/mypy traces layerbatch.py
 
 pytest: setup
 	$(BIN)/python -m pytest

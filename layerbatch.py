@@ -28,6 +28,7 @@ BUNDLED_TRACE = (
     / "AzureLLMInferenceTrace_code.csv"
 )
 DEMO_PROFILE = "googlenet-v3-pytorch-V100"
+ONE_GROUP_PER_STAGE = 10**6  # G at least any model's stage count: the layer-unit form
 POLICY_CHOICES = ("nobatch", "dynamic", "batch", "nexus", "edf", "dp-time", "dp-tardy")
 
 
@@ -207,7 +208,7 @@ def _positive_float(text: str) -> float:
 
 def _groups(text: str) -> int:
     if text == "layer":
-        return 10**6
+        return ONE_GROUP_PER_STAGE
     try:
         g = int(text)
     except ValueError:
