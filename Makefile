@@ -28,7 +28,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy --strict scheduler sim
-	$(BIN)/mypy traces layerbatch.py
+	$(BIN)/mypy traces layerexec layerbatch.py
 
 pytest: setup
 	$(BIN)/python -m pytest
@@ -38,6 +38,7 @@ test: lint typecheck pytest
 bench: setup
 	$(BIN)/python bench/scheduler_overhead.py
 	$(BIN)/python bench/sim_speed.py
+	$(BIN)/python bench/layerexec_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -103,6 +103,58 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=cmd_sim)
 
+    meas = sub.add_parser("profile", help="measure a model's per-stage latency profile")
+    meas.add_argument(
+        "--model", required=True, help="a model layerexec knows (see layerbatch models)"
+    )
+    meas.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        default=[1, 2, 4, 8],
+        help="comma list (default 1,2,4,8)",
+    )
+    meas.add_argument(
+        "--threads", type=_positive_int, default=os.cpu_count() or 1, help="torch intra-op threads"
+    )
+    meas.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    meas.add_argument(
+        "--runs",
+        type=_positive_int,
+        default=5,
+        help="timed runs per stage and batch size (median kept)",
+    )
+    meas.add_argument("--warmup", type=int, default=2)
+    meas.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=None,
+        help="B to record (default: the largest batch size)",
+    )
+    meas.add_argument(
+        "--memory-mb",
+        type=_positive_float,
+        default=None,
+        help="derive max_batch from this activation memory budget",
+    )
+    meas.add_argument(
+        "--stack-with",
+        default="",
+        help="comma list of models: measure the slowdown when run beside each",
+    )
+    meas.add_argument(
+        "--no-channels-last", action="store_true", help="keep the default memory layout"
+    )
+    meas.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that the stages compute what the whole model does",
+    )
+    meas.add_argument("--out", required=True, help="where to write the layerbatch.profile/1 JSON")
+    meas.set_defaults(func=cmd_profile)
+
+    models = sub.add_parser("models", help="list the models layerexec can load")
+    models.set_defaults(func=cmd_models)
+
     prof = sub.add_parser("profiles", help="list the profiles shipped with layerbatch")
     prof.set_defaults(func=cmd_profiles)
     return p
@@ -204,6 +256,18 @@ def _positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of positive integers, got {text!r}"
+        )
+    return sizes
 
 
 def _groups(text: str) -> int:
@@ -443,6 +507,87 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     )
     print(f"of {DEMO_PROFILE} (PPipe, TensorRT), Poisson arrivals, deadline 150 ms.\n")
     print_capacity(run_capacity(args, progress=True))
+    return 0
+
+
+def cmd_profile(ns: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from layerexec import zoo
+    from layerexec.memory import batch_bound
+    from layerexec.profiler import max_abs_difference, profile_model, stacking_slowdown
+    from scheduler.profile import dumps_profile, parse_profile
+
+    known = f"one of {', '.join(sorted(zoo.MODELS))}"
+    if ns.model not in zoo.MODELS:
+        raise InputError("--model", "", known, ns.model)
+    others = [m for m in ns.stack_with.split(",") if m]
+    for m in others:
+        if m not in zoo.MODELS:
+            raise InputError("--stack-with", "", f"a comma list of models, each {known}", m)
+    if ns.device == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "--device", "", "cpu, or cuda on a machine with a GPU (none found)", "cuda"
+        )
+    torch.set_num_threads(ns.threads)
+    model = zoo.load_model(ns.model)
+    if ns.memory_mb is not None:  # refuse a budget that cannot hold one sample before measuring
+        from layerexec.profiler import stage_peaks
+
+        worst = max(stage_peaks(model, torch.device(ns.device), not ns.no_channels_last, 0))
+        if batch_bound([worst], int(ns.memory_mb * 2**20), cap=1) < 1:
+            need = f"a budget of at least {worst / 2**20:.2f} MB (one sample's activation peak)"
+            raise InputError("--memory-mb", "", need, ns.memory_mb)
+    if ns.verify:
+        print(
+            f"{ns.model}: {len(model.stages)} stages; largest |split - whole| = {max_abs_difference(model):.3g}"
+        )
+    device_name = (
+        f"{ns.device}-{ns.threads}t" if ns.device == "cpu" else torch.cuda.get_device_name(0)
+    )
+    total = len(ns.batch_sizes) * len(model.stages)
+    with tqdm(total=total, desc=f"profiling {ns.model}", unit="stage", file=sys.stderr) as bar:
+        doc = profile_model(
+            model,
+            ns.batch_sizes,
+            time.perf_counter,
+            ns.device,
+            not ns.no_channels_last,
+            ns.runs,
+            ns.warmup,
+            progress=bar.update,
+            device_name=device_name,
+            max_batch=ns.max_batch,
+        )
+    if ns.memory_mb is not None:
+        peaks = [s["peak_bytes"] for s in doc["stages"]]
+        doc["max_batch"] = batch_bound(peaks, int(ns.memory_mb * 2**20), cap=doc["max_batch"])
+        doc["memory_budget_mb"] = ns.memory_mb
+    if others:
+        doc["stacking"] = {
+            m: {
+                "batch": 1,
+                "slowdown": stacking_slowdown(model, zoo.load_model(m), time.perf_counter),
+            }
+            for m in others
+        }
+    parse_profile(doc, ns.out)  # what we write must read back
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dumps_profile(doc))
+    solo = sum(s["latency_ms"][0] for s in doc["stages"])
+    print(
+        f"wrote {out}: {len(doc['stages'])} stages, {solo:.1f} ms at batch {ns.batch_sizes[0]}, max_batch {doc['max_batch']}"
+    )
+    return 0
+
+
+def cmd_models(ns: argparse.Namespace) -> int:
+    from layerexec import zoo
+
+    for name, s in zoo.MODELS.items():
+        print(f"{name:<32} {s.kind:<14} input {'x'.join(map(str, s.input_shape)):<12} {s.weights}")
     return 0
 
 

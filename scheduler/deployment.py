@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from scheduler.errors import InputError
-from scheduler.profile import Profile
+from scheduler.profile import Profile, balanced_bounds
 from scheduler.types import App
 
 DEFAULT_GROUPS = 5
@@ -192,19 +192,5 @@ def _chain(app: App, profiles: Mapping[str, Profile]) -> tuple[ChainLink, ...]:
 
 
 def _group_bounds(profile: Profile, groups: int) -> tuple[int, ...]:
-    """Split the stages into `groups` contiguous groups of about equal batch-1 latency."""
-    n = profile.num_stages
-    if groups >= n:
-        return tuple(range(n))
-    cum = [0.0]
-    for k in range(n):
-        cum.append(cum[-1] + profile.latency_ms(k, 1))
-    total = cum[-1]
-    bounds = [0]
-    for g in range(1, groups):
-        target = total * g / groups
-        lo = bounds[-1] + 1
-        hi = n - (groups - g)  # leave at least one stage for each remaining group
-        best = min(range(lo, hi + 1), key=lambda k: (abs(cum[k] - target), k))
-        bounds.append(best)
-    return tuple(bounds)
+    """Start stages of `groups` contiguous groups of about equal batch-1 latency."""
+    return balanced_bounds([profile.latency_ms(k, 1) for k in range(profile.num_stages)], groups)

@@ -13,9 +13,10 @@ sizes. `Profile.latency_ms(stage, b)` is defined for every integer b >= 0:
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ class StageProfile:
     latency_ms: tuple[float, ...]
     out_shape: tuple[int, ...] | None
     out_bytes: int
+    peak_bytes: int = 0  # activation peak per sample while the stage runs (0: not measured)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Profile:
     batch_sizes: tuple[int, ...]
     stages: tuple[StageProfile, ...]
     max_batch: int
+    # other model -> how much slower this one runs while that one runs beside it (stacking)
+    stacking_slowdown: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def num_stages(self) -> int:
@@ -79,11 +83,79 @@ class Profile:
                     "latency_ms": list(s.latency_ms),
                     "out_shape": None if s.out_shape is None else list(s.out_shape),
                     "out_bytes": s.out_bytes,
+                    "peak_bytes": s.peak_bytes,
                 }
                 for s in self.stages
             ],
             "max_batch": self.max_batch,
+            "stacking": {m: {"slowdown": f} for m, f in self.stacking_slowdown.items()},
         }
+
+
+def balanced_bounds(weights: Sequence[float], parts: int) -> tuple[int, ...]:
+    """Cut a sequence of positive weights (stage latencies) into min(parts, len) contiguous
+    non-empty parts of about equal weight: the cut minimising the sum over parts of
+    (part weight - mean part weight)^2, by dynamic programming in O(parts * n^2).
+    Returns the index where each part starts (the first is 0)."""
+    n = len(weights)
+    parts = max(1, min(parts, n))
+    cum = [0.0]
+    for w in weights:
+        cum.append(cum[-1] + w)
+    mean = cum[-1] / parts
+    # best[p][i]: least cost of cutting the first i weights into p parts; arg[p][i]: last start
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    arg = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for p in range(1, parts + 1):
+        for i in range(p, n - (parts - p) + 1):
+            for j in range(p - 1, i):
+                c = best[p - 1][j] + (cum[i] - cum[j] - mean) ** 2
+                if c < best[p][i]:
+                    best[p][i], arg[p][i] = c, j
+    starts = []
+    i = n
+    for p in range(parts, 0, -1):
+        i = arg[p][i]
+        starts.append(i)
+    return tuple(reversed(starts))
+
+
+def coarsen(profile: Profile, parts: int) -> Profile:
+    """The profile with its stages merged into `parts` blocks of about equal batch-1 time (PPipe
+    section 5.2's pre-partitioning): a block's latency at each batch size is the sum of its
+    stages', its output that of its last stage."""
+    starts = balanced_bounds([profile.latency_ms(k, 1) for k in range(profile.num_stages)], parts)
+    ends = [*starts[1:], profile.num_stages]
+    blocks = []
+    for a, b in zip(starts, ends, strict=True):
+        part = profile.stages[a:b]
+        name = part[0].name if len(part) == 1 else f"{part[0].name}..{part[-1].name}"
+        latency = tuple(sum(s.latency_ms[i] for s in part) for i in range(len(profile.batch_sizes)))
+        peak = max(s.peak_bytes for s in part)
+        blocks.append(StageProfile(name, latency, part[-1].out_shape, part[-1].out_bytes, peak))
+    return Profile(
+        profile.model,
+        profile.device,
+        profile.input_shape,
+        profile.input_dtype,
+        profile.batch_sizes,
+        tuple(blocks),
+        profile.max_batch,
+        profile.stacking_slowdown,
+    )
+
+
+def dumps_profile(doc: dict[str, Any]) -> str:
+    """A profile document as JSON text with one stage per line (readable, diffable)."""
+    head = {k: v for k, v in doc.items() if k != "stages"}
+    stages = doc["stages"]
+    lines = [json.dumps(head)[:-1] + ', "stages": [']
+    lines += [
+        "  " + json.dumps(s) + ("," if i < len(stages) - 1 else "") for i, s in enumerate(stages)
+    ]
+    lines.append("]}")
+    return "\n".join(lines) + "\n"
 
 
 def _interpolate(sizes: Sequence[int], lat: Sequence[float], b: int) -> float:
@@ -151,6 +223,9 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
         out_bytes = s.get("out_bytes", 0)
         if not is_int(out_bytes) or out_bytes < 0:
             raise InputError(source, f"{where}.out_bytes", "a non-negative integer", out_bytes)
+        peak = s.get("peak_bytes", 0)
+        if not is_int(peak) or peak < 0:
+            raise InputError(source, f"{where}.peak_bytes", "a non-negative integer", peak)
         name = s.get("name", f"stage{k}")
         stages.append(
             StageProfile(
@@ -158,8 +233,16 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
                 latency_ms=tuple(float(x) for x in lat),
                 out_shape=shape_t,
                 out_bytes=int(out_bytes),
+                peak_bytes=int(peak),
             )
         )
+    stacking = json_object(d.get("stacking", {}), source, "stacking")
+    slowdown: dict[str, float] = {}
+    for other, entry in stacking.items():
+        factor = entry.get("slowdown") if isinstance(entry, dict) else None
+        if not is_number(factor) or not math.isfinite(factor) or factor <= 0:
+            raise InputError(source, f"stacking.{other}.slowdown", "a positive number", factor)
+        slowdown[other] = float(factor)
     return Profile(
         model=model,
         device=device,
@@ -168,4 +251,5 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
         batch_sizes=tuple(sizes),
         stages=tuple(stages),
         max_batch=int(max_batch),
+        stacking_slowdown=slowdown,
     )

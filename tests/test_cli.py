@@ -474,9 +474,12 @@ def test_profiles_lists_the_shipped_profiles(capsys: pytest.CaptureFixture[str])
     code, out, _ = run_main(capsys, "profiles")
     assert code == 0
     lines = out.splitlines()
-    assert len(lines) == 12
-    assert all("10 stages" in ln and "max_batch 32" in ln for ln in lines)
-    assert any(ln.startswith(GOOGLENET_NAME) and "8.45 ms" in ln for ln in lines)
+    shipped = sorted(p.stem for p in layerbatch.BUNDLED_PROFILES.glob("*.json"))
+    assert [ln.split()[0] for ln in lines] == shipped
+    gpu = [ln for ln in lines if ln.split()[0].endswith(("-V100", "-T4"))]
+    assert len(gpu) == 12
+    assert all("10 stages" in ln and "max_batch 32" in ln for ln in gpu)
+    assert any(ln.startswith(GOOGLENET_NAME) and "8.45 ms" in ln for ln in gpu)
 
 
 # --- bad input --------------------------------------------------------------------------------

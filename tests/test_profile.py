@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 from pathlib import Path
@@ -17,7 +18,8 @@ from scheduler.errors import InputError
 from scheduler.profile import load_profile, parse_profile
 from tests.sim_cases import PPIPE_TIMING, SHIPPED_PROFILES, profile_doc, write_json
 
-SHIPPED = sorted(SHIPPED_PROFILES.glob("*.json"))
+# the GPU profiles converted from PPipe (the *-cpu.json ones are measured: tests/test_layerexec_misc.py)
+SHIPPED = sorted(p for p in SHIPPED_PROFILES.glob("*.json") if not p.stem.endswith("-cpu"))
 
 
 # --- the latency model (module docstring of scheduler/profile.py) -------------------------------
@@ -279,16 +281,17 @@ def test_group_bounds_are_a_partition_close_to_the_equal_split(
     assert list(bounds) == sorted(set(bounds))
     assert bounds[-1] < n
     assert len(bounds) == min(groups, n)
-    if groups < n:
-        # every interior boundary sits where the cumulative time is as close to g/G of the
-        # total as a boundary at a stage edge can be, given the ones already placed
-        cum = [sum(lat[:k]) for k in range(n + 1)]
-        total = cum[-1]
-        for g in range(1, groups):
-            target = total * g / groups
-            lo, hi = bounds[g - 1] + 1, n - (groups - g)
-            best = min(abs(cum[k] - target) for k in range(lo, hi + 1))
-            assert abs(cum[bounds[g]] - target) == pytest.approx(best)
+    # the documented contract: no other cut into as many contiguous parts has a smaller sum of
+    # squared deviations of the part times from their mean (checked by brute force)
+    parts = len(bounds)
+    mean = sum(lat) / parts
+
+    def cost(starts: tuple[int, ...]) -> float:
+        ends = [*starts[1:], n]
+        return sum((sum(lat[a:b]) - mean) ** 2 for a, b in zip(starts, ends, strict=True))
+
+    every = [(0, *c) for c in itertools.combinations(range(1, n), parts - 1)]
+    assert cost(tuple(bounds)) == pytest.approx(min(cost(c) for c in every))
 
 
 def test_deployment_refuses_bad_bounds() -> None:
@@ -309,3 +312,64 @@ def test_deployment_batch_limit_is_the_smaller_of_cap_and_profile() -> None:
     d = Deployment([p], max_batch=2)
     assert d.latency_ms("m", 0, 3) == math.inf
     assert d.run_ms("m", 0, 2, 2) == pytest.approx(4.0)
+
+
+# --- what the executor's profiler adds: activation peaks and stacking slowdowns -------------------
+def test_peak_bytes_and_stacking_are_read_and_written_back() -> None:
+    doc = profile_doc([[1.0, 2.0]], batch_sizes=[1, 2])
+    doc["stages"][0]["peak_bytes"] = 4096
+    doc["stacking"] = {"other": {"batch": 1, "slowdown": 1.75}}
+    p = parse_profile(doc, "p.json")
+    assert p.stages[0].peak_bytes == 4096
+    assert p.stacking_slowdown == {"other": 1.75}
+    again = parse_profile(p.to_json(), "again.json")
+    assert again.stages[0].peak_bytes == 4096 and again.stacking_slowdown == {"other": 1.75}
+
+
+def test_profiles_without_peaks_or_stacking_default_to_unmeasured() -> None:
+    p = parse_profile(profile_doc([[1.0]], batch_sizes=[1]), "p.json")
+    assert p.stages[0].peak_bytes == 0 and p.stacking_slowdown == {}
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        (lambda d: d["stages"][0].__setitem__("peak_bytes", -1), "stages[0].peak_bytes"),
+        (
+            lambda d: d.__setitem__("stacking", {"other": {"slowdown": 0}}),
+            "stacking.other.slowdown",
+        ),
+        (lambda d: d.__setitem__("stacking", {"other": 2.0}), "stacking.other.slowdown"),
+        (lambda d: d.__setitem__("stacking", []), "stacking"),
+    ],
+)
+def test_bad_peaks_or_stacking_name_the_field(patch: Any, field: str) -> None:
+    doc = profile_doc([[1.0]], batch_sizes=[1])
+    patch(doc)
+    with pytest.raises(InputError) as info:
+        parse_profile(doc, "p.json")
+    assert str(info.value).startswith(f"p.json: {field}:")
+
+
+# --- N blocks of about equal time (PPipe section 5.2) ---------------------------------------------
+def test_coarsen_merges_stages_into_blocks_of_about_equal_time() -> None:
+    from scheduler.profile import balanced_bounds, coarsen
+
+    doc = profile_doc([[1.0, 1.5], [1.0, 1.5], [2.0, 3.0], [0.5, 0.75], [1.5, 2.0]])
+    for k, s in enumerate(doc["stages"]):
+        s["peak_bytes"] = 100 * (k + 1)
+        s["out_bytes"] = 10 * (k + 1)
+    p = parse_profile(doc, "p.json")
+    blocks = coarsen(p, 3)
+    starts = balanced_bounds([1.0, 1.0, 2.0, 0.5, 1.5], 3)
+    assert starts == (0, 2, 3)  # block times 2, 2, 2: exactly equal
+    assert blocks.num_stages == 3
+    assert [s.latency_ms for s in blocks.stages] == [(2.0, 3.0), (2.0, 3.0), (2.0, 2.75)]
+    # a block hands over what its last stage outputs, and peaks at its worst stage
+    assert [s.out_bytes for s in blocks.stages] == [20, 30, 50]
+    assert [s.peak_bytes for s in blocks.stages] == [200, 300, 500]
+    # running the blocks costs what running the stages costs, at every batch size
+    for b in range(1, p.max_batch + 1):
+        whole = sum(p.latency_ms(k, b) for k in range(p.num_stages))
+        assert sum(blocks.latency_ms(k, b) for k in range(3)) == pytest.approx(whole)
+    assert coarsen(p, 99).num_stages == p.num_stages

@@ -4,17 +4,18 @@
 size from 1, microseconds, TensorRT tf32, MPS level m. `transfer-sizes/{model}.csv`: bytes per
 sample crossing the cut after each block except the last, counted as fp16 (2 bytes a value).
 
-    python -m traces.ppipe SRC_DIR OUT_DIR   # writes {model}-{gpu}.json for the shipped set
+    python -m sim.ppipe SRC_DIR OUT_DIR   # writes {model}-{gpu}.json for the shipped set
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from scheduler.profile import dumps_profile
 
 # model -> input shape (C, H, W) of the network as PPipe profiled it
 SHIPPED = {
@@ -73,18 +74,6 @@ def profile_json(
     }
 
 
-def dump_profile(doc: dict[str, Any]) -> str:
-    """The profile as JSON with one stage per line (readable, diffable)."""
-    head = {k: v for k, v in doc.items() if k != "stages"}
-    lines = [json.dumps(head)[:-1] + ', "stages": [']
-    lines += [
-        "  " + json.dumps(s) + ("," if i < len(doc["stages"]) - 1 else "")
-        for i, s in enumerate(doc["stages"])
-    ]
-    lines.append("]}")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str]) -> int:
     src, out = Path(argv[0]), Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +82,7 @@ def main(argv: list[str]) -> int:
         for gpu in GPUS:
             timing = load_block_timing_us(src / "block-timing-tf32" / f"{model}-{gpu}-1.csv")
             doc = profile_json(model, gpu, timing, transfer, shape)
-            (out / f"{SHORT.get(model, model)}-{gpu}.json").write_text(dump_profile(doc))
+            (out / f"{SHORT.get(model, model)}-{gpu}.json").write_text(dumps_profile(doc))
     return 0
 
 

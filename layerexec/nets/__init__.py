@@ -1,0 +1,1 @@
+"""Network definitions for the models with real weights shipped in the project."""

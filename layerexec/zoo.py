@@ -1,0 +1,188 @@
+"""The models layerexec can load, each split into stages.
+
+torchvision's pretrained weights cannot be downloaded here, so its models are built with their
+random initialisation under a fixed seed (the same seed gives the same weights). ResNet-20
+(CIFAR-10) and UltraFace slim-320 load the real weights shipped in `layerexec/nets/weights/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from torchvision import models as tvm
+
+from layerexec.detector import INPUT_SIZE, SSDFront, SSDTail
+from layerexec.split import split_model
+
+Kind = Literal["classifier", "segmenter", "detector", "face-detector"]
+WEIGHTS_DIR = Path(__file__).resolve().parent / "nets" / "weights"
+DEFAULT_SEED = 0
+
+
+class UnknownModel(ValueError):
+    """A model name layerexec does not know; the message lists the known ones."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    input_shape: tuple[int, ...]
+    kind: Kind
+    build: Callable[[], nn.Module]
+    weights: str  # where the weights come from, for humans
+
+
+@dataclass(frozen=True)
+class StagedModel:
+    """A loaded model as stages; stage k maps stage k-1's output (a batch) to its own."""
+
+    spec: ModelSpec
+    module: nn.Module
+    stages: tuple[nn.Module, ...]
+    names: tuple[str, ...]
+    in_shapes: tuple[tuple[int, ...], ...]  # per sample, the input of each stage
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def to(self, device: torch.device | str, channels_last: bool = False) -> StagedModel:
+        """Move the weights (shared by the stages) and the stages' own buffers, in place."""
+        for m in (self.module, *self.stages):
+            m.to(device)
+            if channels_last:
+                m.to(memory_format=torch.channels_last)
+        return self
+
+    def run(self, x: torch.Tensor, k0: int = 0, k1: int | None = None) -> object:
+        """Stages [k0, k1) on a batch, under inference mode."""
+        with torch.inference_mode():
+            for stage in self.stages[k0 : len(self.stages) if k1 is None else k1]:
+                x = stage(x)
+        return x
+
+
+class _Out(nn.Module):
+    """The `out` head of a torchvision segmentation model (a tensor, not a dict)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model(x)["out"]
+        return out
+
+
+def _resnet20() -> nn.Module:
+    from layerexec.nets.resnet20 import load_resnet20
+
+    return load_resnet20(WEIGHTS_DIR / "akamaster_resnet20-12fca82f.th")
+
+
+def _ultraface() -> nn.Module:
+    from layerexec.nets.ultraface import load_ultraface
+
+    return load_ultraface(WEIGHTS_DIR / "ultraface_version-slim-320.pth")
+
+
+SEEDED = "torchvision definition, random initialisation (seeded)"
+MODELS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        ModelSpec("vgg16", (3, 224, 224), "classifier", lambda: tvm.vgg16(weights=None), SEEDED),
+        ModelSpec(
+            "resnet50", (3, 224, 224), "classifier", lambda: tvm.resnet50(weights=None), SEEDED
+        ),
+        ModelSpec(
+            "resnet18", (3, 224, 224), "classifier", lambda: tvm.resnet18(weights=None), SEEDED
+        ),
+        ModelSpec(
+            "googlenet",
+            (3, 224, 224),
+            "classifier",
+            lambda: tvm.googlenet(weights=None, aux_logits=False, init_weights=True),
+            SEEDED,
+        ),
+        ModelSpec(
+            "mobilenet_v2",
+            (3, 224, 224),
+            "classifier",
+            lambda: tvm.mobilenet_v2(weights=None),
+            SEEDED,
+        ),
+        ModelSpec(
+            "fcn_resnet50",
+            (3, 224, 224),
+            "segmenter",
+            lambda: _Out(
+                tvm.segmentation.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False)
+            ),
+            SEEDED,
+        ),
+        ModelSpec(
+            "ssdlite320_mobilenet_v3_large",
+            (3, INPUT_SIZE, INPUT_SIZE),
+            "detector",
+            lambda: tvm.detection.ssdlite320_mobilenet_v3_large(
+                weights=None, weights_backbone=None
+            ),
+            SEEDED,
+        ),
+        ModelSpec(
+            "resnet20_cifar10",
+            (3, 32, 32),
+            "classifier",
+            _resnet20,
+            "akamaster/pytorch_resnet_cifar10 (BSD-2)",
+        ),
+        ModelSpec(
+            "ultraface_slim320",
+            (3, 240, 320),
+            "face-detector",
+            _ultraface,
+            "Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB (MIT)",
+        ),
+    )
+}
+
+
+def spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise UnknownModel(f"unknown model {name!r}: expected one of {', '.join(sorted(MODELS))}")
+    return MODELS[name]
+
+
+def load_models(names: Iterable[str], seed: int = DEFAULT_SEED) -> dict[str, StagedModel]:
+    """Each named model loaded once: apps that list the same model share it (one copy)."""
+    return {n: load_model(n, seed) for n in dict.fromkeys(names)}
+
+
+def load_model(name: str, seed: int = DEFAULT_SEED) -> StagedModel:
+    """Build `name` (eval mode; seeded random weights unless it ships real ones) and split it."""
+    s = spec(name)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = s.build().eval()
+    example = torch.rand(2, *s.input_shape, generator=torch.Generator().manual_seed(seed))
+    if s.kind == "detector":
+        front = split_model(SSDFront(module), example)
+        stages = (*front.stages, SSDTail(module).eval())
+        names = (*front.names, "features.1+extra+head+postprocess")
+    else:
+        split = split_model(module, example)
+        stages, names = split.stages, split.names
+    names = tuple(n.replace("model.", "") if n.startswith("model.") else n for n in names)
+    shapes = []
+    x: object = example
+    with torch.inference_mode():
+        for stage in stages:
+            assert isinstance(x, torch.Tensor)
+            shapes.append(tuple(x.shape[1:]))
+            x = stage(x)
+    return StagedModel(s, module, tuple(stages), names, tuple(shapes))
