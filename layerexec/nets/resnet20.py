@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from layerexec.nets.checkpoint import Unusable, load_strict
 
 RESNET20_WEIGHTS = Path(__file__).resolve().parent / "weights" / "akamaster_resnet20-12fca82f.th"
 """The shipped ResNet-20 checkpoint (sha256 prefix 12fca82f, as its name says)."""
@@ -142,20 +145,6 @@ def resnet20(num_classes: int = 10) -> ResNet:
     return ResNet((3, 3, 3), num_classes)
 
 
-def _reason(exc: BaseException) -> str:
-    """One line saying why loading failed, without torch's advice to drop ``weights_only``."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:
-        detail = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
-        text = f"not a tensors-only torch pickle ({' '.join(detail.split())})"
-    text = " ".join(text.split()).rstrip(".")
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return (
-        f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (empty or truncated?)"
-    )
-
-
 def load_resnet20(path: str | os.PathLike[str] = RESNET20_WEIGHTS) -> ResNet:
     """ResNet-20 with the weights of the akamaster checkpoint at ``path``, in eval mode, on CPU.
 
@@ -168,26 +157,16 @@ def load_resnet20(path: str | os.PathLike[str] = RESNET20_WEIGHTS) -> ResNet:
     Raises ``FileNotFoundError`` if ``path`` does not exist and ``ValueError`` (one sentence
     naming the file) if it cannot be read or does not hold ResNet-20 weights.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: ResNet-20 weights file not found.")
-    expected = "expected an akamaster ResNet-20 CIFAR-10 weights file (a torch checkpoint with 'state_dict')"
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: {expected}, could not load: {_reason(exc)}.") from exc
+    expected = "an akamaster ResNet-20 CIFAR-10 weights file (a torch checkpoint with 'state_dict')"
+    return load_strict(resnet20(), path, expected, _akamaster_state)
+
+
+def _akamaster_state(checkpoint: object) -> dict[str, Any]:
+    """The checkpoint's state dict without the `module.` prefix nn.DataParallel added."""
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: {expected}, could not load: it has no 'state_dict' dictionary.")
-    state = {
-        (
-            key[len("module.") :] if isinstance(key, str) and key.startswith("module.") else key
-        ): value
-        for key, value in state.items()
+        raise Unusable("it has no 'state_dict' dictionary")
+    return {
+        (k[len("module.") :] if isinstance(k, str) and k.startswith("module.") else k): v
+        for k, v in state.items()
     }
-    model = resnet20()
-    try:
-        model.load_state_dict(state, strict=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: {expected}, could not load: {_reason(exc)}.") from exc
-    return model.eval()

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from layerexec.nets.checkpoint import load_strict
+
 ULTRAFACE_WEIGHTS = Path(__file__).resolve().parent / "weights" / "ultraface_version-slim-320.pth"
 """The shipped UltraFace version-slim-320 state dict."""
 
@@ -222,20 +224,6 @@ def ultraface_slim320() -> UltraFaceSlim:
     return UltraFaceSlim()
 
 
-def _reason(exc: BaseException) -> str:
-    """One line saying why loading failed, without torch's advice to drop ``weights_only``."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:
-        detail = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
-        text = f"not a tensors-only torch pickle ({' '.join(detail.split())})"
-    text = " ".join(text.split()).rstrip(".")
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return (
-        f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (empty or truncated?)"
-    )
-
-
 def load_ultraface(path: str | os.PathLike[str] = ULTRAFACE_WEIGHTS) -> UltraFaceSlim:
     """UltraFace version-slim-320 with the state dict at ``path``, in eval mode, on CPU.
 
@@ -244,21 +232,5 @@ def load_ultraface(path: str | os.PathLike[str] = ULTRAFACE_WEIGHTS) -> UltraFac
     Raises ``FileNotFoundError`` if ``path`` does not exist and ``ValueError`` (one sentence
     naming the file) if it cannot be read or does not hold UltraFace slim weights.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: UltraFace weights file not found.")
-    expected = "expected an UltraFace version-slim-320 weights file (a torch state dict)"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: {expected}, could not load: {_reason(exc)}.") from exc
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"{path}: {expected}, could not load: it holds a {type(state).__name__}, not a dict."
-        )
-    model = ultraface_slim320()
-    try:
-        model.load_state_dict(state, strict=True)
-    except Exception as exc:
-        raise ValueError(f"{path}: {expected}, could not load: {_reason(exc)}.") from exc
-    return model.eval()
+    expected = "an UltraFace version-slim-320 weights file (a torch state dict)"
+    return load_strict(ultraface_slim320(), path, expected)
