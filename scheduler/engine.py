@@ -1,19 +1,24 @@
 """The runtime step that the simulator and the server share (DESIGN.md, "The runtime step").
 
-    loop:  plan = policy.plan(state, now)     # re-planned on every arrival and after every step
+    loop:  plan = policy.plan(state, now)     # on every arrival, and when the device is free
            drop(plan.dropped)                 # answered at once
            step = first action of plan, cut at its model's next layer-group boundary
-           run step; state advances; repeat
+           run step (it may be cancelled at a stage boundary); state advances by what ran
 
-The engine owns the `SchedulerState`. When a step starts, the state is advanced to where the step
-will leave it and `busy_until_ms` is set, so a plan made while the device is busy (on an arrival)
-is a plan for the moment the device becomes free. Time is passed in; the engine reads no clock.
-An optional `timer` (a callable returning seconds) lets the caller measure planning time.
+`state` holds the positions requests had before the running step, so a plan made while the device
+is busy (on an arrival) sees the running step's requests where they started. If that plan's first
+action no longer continues the running step (`wants_preemption`), the runner cancels the step at its
+next stage boundary (the executor's exit check) and the new plan runs from where the step stopped:
+the running step continues only while the newest plan starts with it, on the same model and stage,
+with all of its requests (a plan that would add requests to it is not a reason to stop it: they
+cannot join mid-way, and catch up later). Time is passed in; the engine reads no clock. An optional
+`timer` (a callable returning seconds) lets the caller measure planning time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from scheduler.deployment import Deployment
@@ -23,13 +28,22 @@ from scheduler.types import Action, Plan, Request, Scheduler
 
 @dataclass(frozen=True)
 class Step:
-    """One executed layer group: `action` runs from `start_ms` to `end_ms`; `finished` are the
-    requests it completes (with their final positions)."""
+    """One layer group being executed: `action` from `start_ms`; `stage_end_ms[i]` is when its
+    i-th stage ends by the profile (the last one is `end_ms`)."""
 
     action: Action
     start_ms: float
-    end_ms: float
-    finished: tuple[Request, ...]
+    stage_end_ms: tuple[float, ...]
+
+    @property
+    def end_ms(self) -> float:
+        return self.stage_end_ms[-1]
+
+    def stages_done_by(self, t_ms: float) -> int:
+        """Stages complete if the step is cancelled at `t_ms`: every stage that started before
+        `t_ms` finishes; one that would start at `t_ms` does not (the exit check comes first)."""
+        starts = (self.start_ms, *self.stage_end_ms[:-1])
+        return sum(1 for s in starts if s < t_ms)
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,8 @@ class Dropped:
 
 
 class Engine:
-    """Admits requests, plans, hands out steps; see the module docstring."""
+    """Admits requests, plans, hands out steps and takes back what they did; see the module
+    docstring."""
 
     def __init__(
         self,
@@ -53,40 +68,70 @@ class Engine:
         self.state = SchedulerState(deployment)
         self.timer = timer
         self.plan_us: list[float] = []
-        self.busy_until_ms = -float("inf")
+        self.running: Step | None = None
         self._plan: Plan | None = None
-        self._plan_at_ms = 0.0
+        self._plan_key: tuple[int, float] | None = None
+        self._version = itertools.count()
+        self._state_version = next(self._version)
+
+    def _changed(self) -> None:
+        self._state_version = next(self._version)
 
     def admit(self, request: Request, now_ms: float) -> list[Dropped]:
         """Add an arrival and re-plan; returns the requests the new plan drops."""
         self.state.add(request)
-        self._plan = None
+        self._changed()
         return self.replan(now_ms)
 
+    def remove(self, request_ids: Iterable[str]) -> list[Request]:
+        """Take requests out (a client went away); a running step still finishes without them."""
+        gone = self.state.remove(request_ids)
+        if gone:
+            self._changed()
+        return gone
+
     def replan(self, now_ms: float) -> list[Dropped]:
-        """Plan for the moment the device is free (now, or the end of the running step)."""
-        at = max(now_ms, self.busy_until_ms)
-        if self._plan is not None and self._plan_at_ms == at:
+        """Plan at `now_ms` unless the newest plan is for this state and time. Requests in the
+        running step are never dropped mid-step (they are reconsidered when it ends)."""
+        key = (self._state_version, now_ms)
+        if self._plan is not None and self._plan_key == key:
             return []
         t0 = self.timer() if self.timer else 0.0
-        plan = self.policy.plan(self.state, at)
+        plan = self.policy.plan(self.state, now_ms)
         if self.timer:
             self.plan_us.append((self.timer() - t0) * 1e6)
-        gone = self.state.remove(plan.dropped_ids)
-        reasons = {d.request_id: d.reason for d in plan.dropped}
-        self._plan, self._plan_at_ms = plan, at
+        running = set(self.running.action.request_ids) if self.running else set()
+        reasons = {d.request_id: d.reason for d in plan.dropped if d.request_id not in running}
+        gone = self.state.remove(reasons)
+        if gone:
+            self._changed()
+        self._plan, self._plan_key = plan, (self._state_version, now_ms)
         return [Dropped(r, reasons[r.id], now_ms) for r in gone]
 
     @property
     def plan(self) -> Plan | None:
-        """The newest plan (None before the first one or after the state changed)."""
+        """The newest plan (None before the first one)."""
         return self._plan
 
+    def wants_preemption(self) -> bool:
+        """Whether the newest plan no longer starts with the running step (see module docstring)."""
+        if self.running is None or self._plan is None or not self._plan.actions:
+            return False
+        first, run = self._plan.actions[0], self.running.action
+        live = {r for r in run.request_ids if r in self.state}
+        return not (
+            first.model == run.model
+            and first.stages[0] == run.stages[0]
+            and live <= set(first.request_ids)
+        )
+
     def next_step(self, now_ms: float) -> tuple[Step | None, float | None, list[Dropped]]:
-        """Start the next step if the device is free at `now_ms`.
+        """Start the next step; call only when no step is running.
 
         Returns (step or None, time to wake up if the plan waits, drops made by re-planning).
         """
+        if self.running is not None:
+            raise RuntimeError("a step is already running")
         drops = self.replan(now_ms)
         plan = self._plan
         if plan is None or not plan.actions:
@@ -97,8 +142,26 @@ class Engine:
         k0, k1 = first.stages
         k1 = min(k1, self.deployment.group_end(first.model, k0))
         action = Action(first.model, (k0, k1), first.request_ids)
-        duration = self.deployment.run_ms(first.model, k0, k1, action.batch_size)
-        finished = self.state.advance(action, k1 - k0)
-        self._plan = None
-        self.busy_until_ms = now_ms + duration
-        return Step(action, now_ms, now_ms + duration, tuple(finished)), None, drops
+        ends, t = [], now_ms
+        for k in range(k0, k1):
+            t += self.deployment.latency_ms(first.model, k, action.batch_size)
+            ends.append(t)
+        self.running = Step(action, now_ms, tuple(ends))
+        return self.running, None, drops
+
+    def finish(self, stages_done: int) -> list[Request]:
+        """The running step ran `stages_done` stages: advance its requests that are still here;
+        return (and remove) those that finished their app."""
+        step = self.running
+        if step is None:
+            raise RuntimeError("no step is running")
+        self.running = None
+        self._changed()
+        if stages_done <= 0:
+            return []
+        a = step.action
+        present = tuple(r for r in a.request_ids if r in self.state)
+        if not present:
+            return []
+        moved = Action(a.model, (a.stages[0], a.stages[0] + stages_done), present)
+        return self.state.advance(moved, stages_done)

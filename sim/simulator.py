@@ -2,8 +2,10 @@
 
 Events sit in a heap keyed (time_ms, priority, seq): at equal times a finishing step is handled
 before an arrival, and an arrival before a wake-up. The device runs one step (a layer group of the
-first action of the newest plan) at a time, for exactly the profiled latency; the engine re-plans
-at every arrival and after every step. Nothing here reads a clock except the optional `timer`
+first action of the newest plan) at a time, each stage for exactly its profiled latency; the engine
+re-plans at every arrival and after every step. When a plan made on an arrival no longer starts
+with the running step, the step stops at its next stage boundary, as the server's executor does
+at its exit check (`scheduler.engine`). Nothing here reads a clock except the optional `timer`
 used to measure planning time, which never changes what is simulated.
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.deployment import Deployment
-from scheduler.engine import Dropped, Engine, Step
+from scheduler.engine import Dropped, Engine
 from scheduler.types import Request, Scheduler
 from sim.workload import Workload
 
@@ -57,8 +59,8 @@ def simulate(
         heap.append((t, ARRIVAL, seq, Request(rid, app, 0, t, t + workload.deadline_ms)))
         seq += 1
     heapq.heapify(heap)
-    busy = False
     wake_at: float | None = None
+    token = 0  # identifies the live STEP_DONE event; a cancelled step's old one goes stale
 
     def note(t: float, kind: str, detail: str) -> None:
         if out.log is not None:
@@ -69,45 +71,70 @@ def simulate(
             out.dropped[d.request.id] = d.reason
             note(d.at_ms, "drop", d.request.id)
 
+    def push(t: float, kind: int, payload: object) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, kind, seq, payload))
+        seq += 1
+
     def try_start(now: float) -> None:
-        nonlocal busy, seq, wake_at
+        nonlocal wake_at, token
         step, wake, drops = engine.next_step(now)
         record_drops(drops)
         if step is not None:
-            busy = True
-            out.busy_ms += step.end_ms - step.start_ms
             a = step.action
-            for k in range(a.stages[0], a.stages[1]):
-                out.batches[(a.model, k)].append(a.batch_size)
             note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
-            heapq.heappush(heap, (step.end_ms, STEP_DONE, seq, step))
-            seq += 1
+            token += 1
+            push(step.end_ms, STEP_DONE, (token, len(step.stage_end_ms)))
         elif wake is not None and wake != wake_at:
             wake_at = wake
-            heapq.heappush(heap, (wake, WAKE, seq, None))
-            seq += 1
+            push(wake, WAKE, None)
+
+    def preempt(now: float) -> None:
+        """The newest plan no longer starts with the running step: it stops at the next stage
+        boundary (the stage running now finishes)."""
+        nonlocal token
+        step = engine.running
+        assert step is not None
+        done = step.stages_done_by(now)
+        end = step.stage_end_ms[done - 1] if done else now
+        if end < step.end_ms:
+            token += 1
+            push(end, STEP_DONE, (token, done))
+            note(now, "cut", f"{step.action.model} after {done} of {len(step.stage_end_ms)}")
 
     while heap:
         now, kind, _, payload = heapq.heappop(heap)
-        out.end_ms = now
         if kind == STEP_DONE:
-            assert isinstance(payload, Step)
-            busy = False
-            for r in payload.finished:
+            assert isinstance(payload, tuple)
+            live, done = payload
+            if live != token:
+                continue  # the step was cancelled and ends earlier
+            out.end_ms = now
+            step = engine.running
+            assert step is not None
+            a = step.action
+            out.busy_ms += now - step.start_ms
+            for k in range(a.stages[0], a.stages[0] + done):
+                out.batches[(a.model, k)].append(a.batch_size)
+            for r in engine.finish(done):
                 out.latency_ms[r.id] = now - arrival[r.id]
                 if now <= deadline[r.id]:
                     out.on_time.add(r.id)
                 note(now, "done", r.id)
             try_start(now)
         elif kind == ARRIVAL:
+            out.end_ms = now
             assert isinstance(payload, Request)
             arrival[payload.id] = payload.arrival_ms
             deadline[payload.id] = payload.deadline_ms
             note(now, "arrive", payload.id)
             record_drops(engine.admit(payload, now))
-            if not busy:
+            if engine.running is None:
                 try_start(now)
-        elif not busy:
+            elif engine.wants_preemption():
+                preempt(now)
+        elif engine.running is None:
+            out.end_ms = now
             wake_at = None
             try_start(now)
     out.plan_us = engine.plan_us

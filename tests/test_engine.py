@@ -54,41 +54,110 @@ def test_first_action_is_cut_at_the_next_group_boundary(
     assert step.action.request_ids == ("a",)
     assert step.start_ms == 0.0
     assert step.end_ms == pytest.approx(d.run_ms(G, *expected, 1))
-    assert e.busy_until_ms == step.end_ms
-    # the state already shows where the step leaves the request
+    assert e.running == step
+    # the state still shows where the step started, until the step reports what it ran
+    assert e.state.get("a").position == position
+    finished = e.finish(expected[1] - expected[0])
+    assert e.running is None
     if expected[1] < 10:
         assert e.state.get("a").position == expected[1]
-        assert step.finished == ()
+        assert finished == []
     else:
         assert "a" not in e.state
-        assert [r.id for r in step.finished] == ["a"]
-        assert step.finished[0].position == 10
+        assert [r.id for r in finished] == ["a"]
+        assert finished[0].position == 10
 
 
-def test_plan_made_while_busy_is_for_the_end_of_the_running_step(d: Deployment) -> None:
+def test_step_stage_ends_follow_the_profile(d: Deployment) -> None:
+    e = Engine(d, make_policy("nobatch"))
+    e.admit(req("a"), 2.0)
+    step, _, _ = e.next_step(2.0)
+    assert step is not None
+    ends = [2.0 + d.run_ms(G, 0, k + 1, 1) for k in range(3)]
+    assert step.stage_end_ms == pytest.approx(ends)
+    # cancelled at t: every stage that started before t finishes; none starts at t
+    assert step.stages_done_by(2.0) == 0
+    assert step.stages_done_by(2.0001) == 1
+    assert step.stages_done_by(ends[0]) == 1
+    assert step.stages_done_by(ends[0] + 1e-6) == 2
+    assert step.stages_done_by(ends[-1] + 5) == 3
+
+
+def test_a_plan_made_while_busy_sees_the_running_step_where_it_started(d: Deployment) -> None:
     e = Engine(d, make_policy("dp-time"))
     e.admit(req("a", arrival=0.0), 0.0)
     step, _, _ = e.next_step(0.0)
     assert step is not None
-    busy_until = step.end_ms
-    assert busy_until > 0.5
     e.admit(req("b", arrival=0.5), 0.5)  # arrives while "a" runs its first group
     plan = e.plan
     assert plan is not None
-    reference = make_policy("dp-time").plan(SchedulerState(d, e.state.requests()), busy_until)
+    reference = make_policy("dp-time").plan(SchedulerState(d, e.state.requests()), 0.5)
     assert plan == reference
-    # and not the plan for the arrival time, which would start work while the device is busy
-    early = make_policy("dp-time").plan(SchedulerState(d, e.state.requests()), 0.5)
-    assert plan.completion_ms != early.completion_ms
-    assert min(plan.completion_ms.values()) > busy_until
-    # the device becomes free at busy_until and runs that plan's first action
-    step2, _, _ = e.next_step(busy_until)
-    assert step2 is not None
-    assert step2.start_ms == busy_until
-    first = plan.actions[0]
-    assert step2.action.model == first.model
-    assert step2.action.request_ids == first.request_ids
-    assert step2.action.stages[0] == first.stages[0]
+    assert e.state.get("a").position == 0
+    with pytest.raises(RuntimeError):
+        e.next_step(0.5)  # one step at a time
+    e.finish(3)
+    step2, _, _ = e.next_step(step.end_ms)
+    assert step2 is not None and step2.start_ms == step.end_ms
+
+
+def test_preemption_is_wanted_only_when_the_newest_plan_does_not_start_with_the_step(
+    d: Deployment,
+) -> None:
+    e = Engine(d, make_policy("edf"))
+    e.admit(req("slow", position=3, deadline=1e6), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None and step.action.request_ids == ("slow",)
+    assert step.action.stages == (3, 5)
+    assert not e.wants_preemption()
+    e.admit(req("later", position=3, arrival=0.2, deadline=2e6), 0.2)  # EDF keeps going
+    assert not e.wants_preemption()
+    # an earlier deadline at stage 0: EDF's batch runs it from stage 0 first, so the step stops
+    e.admit(req("urgent", arrival=0.3, deadline=20.0), 0.3)
+    assert e.plan is not None and e.plan.actions[0].request_ids == ("urgent",)
+    assert e.wants_preemption()
+    done = step.stages_done_by(0.3)
+    assert done == 1
+    e.finish(done)
+    assert e.state.get("slow").position == 4
+    step2, _, _ = e.next_step(step.stage_end_ms[0])
+    assert step2 is not None and step2.action.request_ids == ("urgent",)
+
+
+def test_a_plan_that_adds_requests_to_the_running_step_does_not_preempt(d: Deployment) -> None:
+    e = Engine(d, make_policy("batch"))
+    e.admit(req("a"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None
+    e.admit(req("b", arrival=0.1), 0.1)  # batch would run a and b together from stage 0
+    plan = e.plan
+    assert plan is not None and set(plan.actions[0].request_ids) == {"a", "b"}
+    assert not e.wants_preemption()
+
+
+def test_requests_of_the_running_step_are_not_dropped_mid_step(d: Deployment) -> None:
+    e = Engine(d, make_policy("dp-time"))
+    e.admit(req("a", deadline=5.0), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None
+    # at t=6 a's deadline has passed: the plan drops it, but it is running and stays
+    assert e.admit(req("b", arrival=6.0), 6.0) == []
+    assert "a" in e.state
+    e.finish(len(step.stage_end_ms))
+    assert step.end_ms < 5.0
+    _, _, drops = e.next_step(6.0)  # the device is free again; a's deadline has passed
+    assert [dr.request.id for dr in drops] == ["a"]
+
+
+def test_a_request_removed_while_running_is_not_advanced(d: Deployment) -> None:
+    e = Engine(d, make_policy("dp-time"))
+    e.admit(req("a"), 0.0)
+    e.admit(req("b"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None and set(step.action.request_ids) == {"a", "b"}
+    assert [r.id for r in e.remove(["b"])] == ["b"]
+    e.finish(len(step.stage_end_ms))
+    assert "b" not in e.state and e.state.get("a").position == step.action.stages[1]
 
 
 def test_an_unchanged_state_is_not_planned_twice(d: Deployment) -> None:
