@@ -59,17 +59,26 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", metavar="VERB")
 
     demo = sub.add_parser(
-        "demo", help="simulated capacity of every policy on a shipped GPU profile"
+        "demo",
+        help="the server on this machine under a built-in load, per policy (--sim: simulated)",
+    )
+    demo.add_argument(
+        "--sim", action="store_true", help="instead: simulated capacity on a shipped GPU profile"
+    )
+    demo.add_argument("--rate", type=_positive_float, default=30.0, help="req/s (default 30)")
+    demo.add_argument(
+        "--duration", type=_positive_float, default=30.0, help="seconds per policy (default 30)"
+    )
+    demo.add_argument(
+        "--deadline-ms", type=_positive_float, default=300.0, help="deadline (default 300)"
     )
     demo.add_argument(
         "--requests",
         type=_positive_int,
         default=1500,
-        help="requests per simulated rate (default 1500)",
+        help="--sim: requests per simulated rate (default 1500)",
     )
-    demo.add_argument(
-        "--plot", default="out/demo-capacity.png", help="where to draw the comparison"
-    )
+    demo.add_argument("--plot", default=None, help="where to draw the comparison")
     demo.set_defaults(func=cmd_demo)
 
     sch = sub.add_parser("schedule", help="plan one snapshot of requests with one policy")
@@ -102,6 +111,51 @@ def parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=cmd_sim)
+
+    srv = sub.add_parser("serve", help="run the edge server")
+    srv.add_argument(
+        "--apps",
+        default=None,
+        help="comma list of models to serve, each an app (default: a small set)",
+    )
+    srv.add_argument("--policy", choices=POLICY_CHOICES, default="dp-tardy")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=_positive_int, default=8080)
+    srv.add_argument(
+        "--profiles",
+        default=None,
+        help="folder of {model}-cpu.json profiles; missing ones are measured there",
+    )
+    srv.add_argument(
+        "--memory-mb",
+        type=_positive_float,
+        default=None,
+        help="activation memory budget: sets B per model",
+    )
+    srv.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="torch intra-op threads (default: all cores but one, left to decode, parse and plan)",
+    )
+    srv.add_argument(
+        "--admin-token",
+        default=None,
+        help="required as 'Authorization: Bearer T' by PUT /v1/policy",
+    )
+    srv.add_argument(
+        "--max-queued",
+        type=_positive_int,
+        default=1000,
+        help="requests queued before answering 503",
+    )
+    srv.add_argument(
+        "--deadline-ms",
+        type=_positive_float,
+        default=1000.0,
+        help="deadline of requests that give none",
+    )
+    srv.set_defaults(func=cmd_serve)
 
     meas = sub.add_parser("profile", help="measure a model's per-stage latency profile")
     meas.add_argument(
@@ -486,6 +540,8 @@ def print_capacity(doc: dict[str, Any]) -> None:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
+    if not ns.sim:
+        return server_demo(ns)
     args = capacity_parser().parse_args(
         [
             "--profile",
@@ -499,7 +555,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             "--deadline-ms",
             "150",
             "--plot",
-            ns.plot,
+            ns.plot or "out/demo-capacity.png",
         ]
     )
     print(
@@ -507,6 +563,23 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     )
     print(f"of {DEMO_PROFILE} (PPipe, TensorRT), Poisson arrivals, deadline 150 ms.\n")
     print_capacity(run_capacity(args, progress=True))
+    return 0
+
+
+def server_demo(ns: argparse.Namespace) -> int:
+    from client.demo import DEMO_APPS, format_table, run_demo
+
+    plot = ns.plot or "out/demo-server.png"
+    print(f"layerbatch demo: the server on this machine ({os.cpu_count()} cores) serving")
+    print(f"{', '.join(DEMO_APPS)}; the built-in load generator sends real video frames as JPEG")
+    print(
+        f"at {ns.rate:g} req/s (Poisson), deadline {ns.deadline_ms:g} ms, {ns.duration:g} s per policy.\n"
+    )
+    table = run_demo(
+        rate_rps=ns.rate, duration_s=ns.duration, deadline_ms=ns.deadline_ms, plot=plot
+    )
+    print(format_table(table))
+    print(f"plot: {plot}")
     return 0
 
 
@@ -580,6 +653,35 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     print(
         f"wrote {out}: {len(doc['stages'])} stages, {solo:.1f} ms at batch {ns.batch_sizes[0]}, max_batch {doc['max_batch']}"
     )
+    return 0
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from aiohttp import web
+    from tqdm import tqdm
+
+    from server.app import ServerConfig, make_app
+    from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime
+
+    def progress(model: str, total: int) -> Any:
+        bar = tqdm(total=total, desc=f"measuring {model}", unit="stage", file=sys.stderr)
+        return bar.update
+
+    apps = [a.strip() for a in ns.apps.split(",") if a.strip()] if ns.apps else list(DEFAULT_APPS)
+    print(f"loading {', '.join(apps)} ...", file=sys.stderr)
+    runtime = build_runtime(
+        apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
+        ns.threads, max_queued=ns.max_queued, progress=progress,
+    )  # fmt: skip
+    config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)
+    print(
+        f"layerbatch serving {', '.join(apps)} with {ns.policy} on http://{ns.host}:{ns.port}",
+        file=sys.stderr,
+    )
+    web.run_app(
+        make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
+        print=None, shutdown_timeout=30.0,
+    )  # fmt: skip
     return 0
 
 

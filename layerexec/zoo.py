@@ -17,6 +17,7 @@ from torch import nn
 from torchvision import models as tvm
 
 from layerexec.detector import INPUT_SIZE, SSDFront, SSDTail
+from layerexec.nets.resnet20 import CIFAR10_CLASSES, CIFAR_MEAN, CIFAR_STD
 from layerexec.split import split_model
 
 Kind = Literal["classifier", "segmenter", "detector", "face-detector"]
@@ -30,11 +31,17 @@ class UnknownModel(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model: its input (C, H, W), what it returns, how to build it, and how an RGB image in
+    0..255 becomes its input: (pixel - pixel_mean[c]) / pixel_std[c]. `labels` names its classes."""
+
     name: str
     input_shape: tuple[int, ...]
     kind: Kind
     build: Callable[[], nn.Module]
     weights: str  # where the weights come from, for humans
+    pixel_mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    pixel_std: tuple[float, float, float] = (255.0, 255.0, 255.0)
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,30 +99,30 @@ def _ultraface() -> nn.Module:
 
 
 SEEDED = "torchvision definition, random initialisation (seeded)"
+# ImageNet normalisation in pixel units, as torchvision's classifiers and FCN expect it
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+IMAGENET = tuple(tvm.ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+VOC = tuple(tvm.segmentation.FCN_ResNet50_Weights.COCO_WITH_VOC_LABELS_V1.meta["categories"])
+COCO = tuple(tvm.detection.SSDLite320_MobileNet_V3_Large_Weights.COCO_V1.meta["categories"])
+
+
+def _imagenet(name: str, build: Callable[[], nn.Module]) -> ModelSpec:
+    return ModelSpec(
+        name, (3, 224, 224), "classifier", build, SEEDED, IMAGENET_MEAN, IMAGENET_STD, IMAGENET
+    )
+
+
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in (
-        ModelSpec("vgg16", (3, 224, 224), "classifier", lambda: tvm.vgg16(weights=None), SEEDED),
-        ModelSpec(
-            "resnet50", (3, 224, 224), "classifier", lambda: tvm.resnet50(weights=None), SEEDED
+        _imagenet("vgg16", lambda: tvm.vgg16(weights=None)),
+        _imagenet("resnet50", lambda: tvm.resnet50(weights=None)),
+        _imagenet("resnet18", lambda: tvm.resnet18(weights=None)),
+        _imagenet(
+            "googlenet", lambda: tvm.googlenet(weights=None, aux_logits=False, init_weights=True)
         ),
-        ModelSpec(
-            "resnet18", (3, 224, 224), "classifier", lambda: tvm.resnet18(weights=None), SEEDED
-        ),
-        ModelSpec(
-            "googlenet",
-            (3, 224, 224),
-            "classifier",
-            lambda: tvm.googlenet(weights=None, aux_logits=False, init_weights=True),
-            SEEDED,
-        ),
-        ModelSpec(
-            "mobilenet_v2",
-            (3, 224, 224),
-            "classifier",
-            lambda: tvm.mobilenet_v2(weights=None),
-            SEEDED,
-        ),
+        _imagenet("mobilenet_v2", lambda: tvm.mobilenet_v2(weights=None)),
         ModelSpec(
             "fcn_resnet50",
             (3, 224, 224),
@@ -124,6 +131,9 @@ MODELS: dict[str, ModelSpec] = {
                 tvm.segmentation.fcn_resnet50(weights=None, weights_backbone=None, aux_loss=False)
             ),
             SEEDED,
+            IMAGENET_MEAN,
+            IMAGENET_STD,
+            VOC,
         ),
         ModelSpec(
             "ssdlite320_mobilenet_v3_large",
@@ -133,6 +143,7 @@ MODELS: dict[str, ModelSpec] = {
                 weights=None, weights_backbone=None
             ),
             SEEDED,
+            labels=COCO,
         ),
         ModelSpec(
             "resnet20_cifar10",
@@ -140,6 +151,9 @@ MODELS: dict[str, ModelSpec] = {
             "classifier",
             _resnet20,
             "akamaster/pytorch_resnet_cifar10 (BSD-2)",
+            (255 * CIFAR_MEAN[0], 255 * CIFAR_MEAN[1], 255 * CIFAR_MEAN[2]),
+            (255 * CIFAR_STD[0], 255 * CIFAR_STD[1], 255 * CIFAR_STD[2]),
+            CIFAR10_CLASSES,
         ),
         ModelSpec(
             "ultraface_slim320",
@@ -147,6 +161,9 @@ MODELS: dict[str, ModelSpec] = {
             "face-detector",
             _ultraface,
             "Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB (MIT)",
+            (127.0, 127.0, 127.0),
+            (128.0, 128.0, 128.0),
+            ("face",),
         ),
     )
 }

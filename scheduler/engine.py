@@ -79,9 +79,26 @@ class Engine:
 
     def admit(self, request: Request, now_ms: float) -> list[Dropped]:
         """Add an arrival and re-plan; returns the requests the new plan drops."""
+        self.add(request)
+        return self.replan(now_ms)
+
+    def add(self, request: Request) -> None:
+        """Add an arrival without planning yet (a caller that batches several arrivals into one
+        plan calls `replan` after them)."""
         self.state.add(request)
         self._changed()
-        return self.replan(now_ms)
+
+    def rebase(self, deployment: Deployment) -> None:
+        """Plan with another deployment of the same apps and stages (e.g. profiles rescaled to
+        what this machine measures); the requests keep their positions, the memo starts over."""
+        self.state = SchedulerState(deployment, self.state.requests())
+        self.deployment = deployment
+        self._changed()
+
+    def set_policy(self, policy: Scheduler) -> None:
+        """Switch policies; the next plan is the new policy's."""
+        self.policy = policy
+        self._changed()
 
     def remove(self, request_ids: Iterable[str]) -> list[Request]:
         """Take requests out (a client went away); a running step still finishes without them."""

@@ -12,6 +12,7 @@ sizes. `Profile.latency_ms(stage, b)` is defined for every integer b >= 0:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -144,6 +145,15 @@ def coarsen(profile: Profile, parts: int) -> Profile:
         profile.max_batch,
         profile.stacking_slowdown,
     )
+
+
+def scaled(profile: Profile, factor: float) -> Profile:
+    """The profile with every latency multiplied by `factor` (a machine `factor` times slower)."""
+    stages = tuple(
+        dataclasses.replace(s, latency_ms=tuple(x * factor for x in s.latency_ms))
+        for s in profile.stages
+    )
+    return dataclasses.replace(profile, stages=stages)
 
 
 def dumps_profile(doc: dict[str, Any]) -> str:

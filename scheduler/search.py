@@ -85,8 +85,9 @@ class AppSearch:
         self.apps = tuple(sorted(self.by_app))
         self.sharing = {a: d.apps_sharing(a) & set(self.apps) for a in self.apps}
         self.component = _components(self.apps, self.sharing)
-        # (app, waiting, order of the apps before it that can move its requests) -> solution
-        self._solved: dict[tuple[str, int, tuple[str, ...]], tuple[AppProblem, Solution]] = {}
+        # keyed by the app and the order of the apps before it that can move its requests
+        self._problems: dict[tuple[str, tuple[str, ...]], AppProblem] = {}
+        self._solved: dict[tuple[Any, ...], tuple[AppProblem, Solution]] = {}
 
     def start(self) -> Positions:
         return Positions(
@@ -150,7 +151,8 @@ class AppSearch:
     def best_order(self, objective: str) -> Ordered:
         if len(self.apps) > EXACT_APPS:
             return self._heuristic(objective)
-        best: list[Any] = [None]
+        # the heuristic order first: a good incumbent prunes most of the search
+        best: list[Any] = [self._heuristic(objective)] if len(self.apps) > 2 else [None]
         self._dfs(objective, self.apps, self.start(), (), 0.0, 0, self.now_ms, best)
         found: Ordered = best[0]
         return found
@@ -164,16 +166,25 @@ class AppSearch:
         t0: float,
         prefix: tuple[str, ...],
     ) -> tuple[AppProblem, Solution]:
+        # the app's problem depends only on the apps before it that can move its requests
+        prob = self._problems.get((app, prefix))
+        if prob is None:
+            prob = self._problems[(app, prefix)] = self.problem(app, at)
         if objective == "time":
             waiting = sum(at.left[b] for b in rest)
-            key = (app, waiting, prefix)
-            hit = self._solved.get(key)
-            if hit is None:
-                prob = self.problem(app, at)
-                hit = self._solved[key] = (prob, solve_time(self.costs(prob), waiting, self.memo_g))
-            return hit
-        prob = self.problem(app, at)
-        return prob, solve_tardy(self.costs(prob), t0, self.now_ms)
+            key: tuple[Any, ...] = (app, prefix, waiting)
+        else:
+            key = (app, prefix, t0)
+        hit = self._solved.get(key)
+        if hit is None:
+            costs = self.costs(prob)
+            sol = (
+                solve_time(costs, waiting, self.memo_g)
+                if objective == "time"
+                else solve_tardy(costs, t0, self.now_ms)
+            )
+            hit = self._solved[key] = (prob, sol)
+        return hit
 
     def _dfs(
         self,
@@ -233,7 +244,8 @@ class AppSearch:
             else:
                 a = min(live, key=lambda x: (min(r.deadline_ms for r in self.by_app[x]), x))
                 rest = [b for b in live if b != a]
-                prob, sol = self._solve(objective, a, at, rest, t0, ())  # not memoised
+                prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
+                prob, sol = self._solve(objective, a, at, rest, t0, prefix)
                 tardy += sol.tardy
             at, _ = self.run(prob, sol, at, build=False)
             cost += sol.cost_ms

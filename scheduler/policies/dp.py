@@ -6,8 +6,10 @@ measured from now).
 dp-tardy minimises the number of requests that miss their deadline (objective: that number,
 drops included). It drops the requests that cannot make their deadline even alone, then repeats:
 plan the survivors several ways and keep the plan with the fewest late requests (then the smallest
-total completion time); if it has late requests, drop them and go again. The candidate plans are
-the tardy-count DP over orders of apps, the completion-time DP, with several apps the apps' tardy
+total completion time); if it has late requests, drop them and go again. The completion-time DP's
+plan comes first: when it leaves nobody late it is the answer (no plan has a smaller total), and
+only otherwise are the others made. The candidate plans are the completion-time DP, the
+tardy-count DP over orders of apps, with several apps the apps' tardy
 segmentations merged by earliest deadline (an order-of-apps plan runs one app to completion
 first, which can leave late a request that re-planning would serve on time), and the previous
 round's plan without the requests dropped since (their batch slots freed, the others only get
@@ -99,18 +101,22 @@ class DPScheduler:
         planned = {r.id for r in live[: self.max_active]}
         multi_app = len({r.app for r in live[: self.max_active]}) > 1
         while True:
-            candidates = [
-                self._actions(state, live, now_ms, "tardy", memo),
-                self._actions(state, live, now_ms, "time", memo),
-            ]
+            timed = self._actions(state, live, now_ms, "time", memo)
+            scored_time = _late_and_total(d, live, planned, now_ms, timed)
+            if not scored_time[0]:  # the least total completion, nobody late: nothing can beat it
+                actions = timed
+                break
+            candidates = [timed, self._actions(state, live, now_ms, "tardy", memo)]
             if multi_app:
                 candidates.append(
                     self._actions(state, live, now_ms, "tardy", memo, interleave=True)
                 )
             if actions:  # the previous plan without the requests dropped since
                 candidates.append(actions)
-            scored = [
-                (_late_and_total(d, live, planned, now_ms, a), n) for n, a in enumerate(candidates)
+            scored = [(scored_time, 0)] + [
+                (_late_and_total(d, live, planned, now_ms, a), n)
+                for n, a in enumerate(candidates)
+                if n > 0
             ]
             (late, _), best = min(scored, key=lambda x: (len(x[0][0]), x[0][1], x[1]))
             actions = candidates[best]

@@ -1,0 +1,45 @@
+"""Real camera frames: decoded from a video file with PyAV, sent as JPEG (OpenCV)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+
+BUNDLED_VIDEO = (
+    Path(__file__).resolve().parent.parent
+    / "traces"
+    / "data"
+    / "video"
+    / "intel_bottle-detection.mp4"
+)
+
+
+def video_frames(
+    path: str | Path = BUNDLED_VIDEO, limit: int | None = None, every: int = 1
+) -> list[np.ndarray]:
+    """RGB frames (H x W x 3 uint8) of the video, every `every`-th, at most `limit`."""
+    out: list[np.ndarray] = []
+    try:
+        with av.open(str(path), mode="r") as container:
+            for i, frame in enumerate(container.decode(video=0)):
+                if i % every == 0:
+                    out.append(frame.to_ndarray(format="rgb24"))
+                    if limit is not None and len(out) >= limit:
+                        break
+    except (av.error.FFmpegError, OSError) as exc:
+        raise ValueError(f"{path}: expected a readable video file ({exc})") from None
+    if not out:
+        raise ValueError(f"{path}: expected a video with at least one frame")
+    return out
+
+
+def jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
+    ok, buf = cv2.imencode(
+        ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
+    if not ok:
+        raise ValueError("could not encode a frame as JPEG")
+    return buf.tobytes()

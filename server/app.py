@@ -1,0 +1,233 @@
+"""The aiohttp application: the v1 API, WebSocket streaming, KServe v2, metrics and health.
+
+`make_app(config)` is an app factory; the runtime starts and stops in `cleanup_ctx`, and on
+shutdown (SIGTERM) the server stops accepting and answers every accepted request before exiting.
+Every refusal is one JSON/msgpack document {"status": code, "error": one sentence}; a refused or
+failed request never affects another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from server.errors import BadRequest
+from server.kserve import add_kserve_routes
+from server.runtime import Overloaded, Runtime
+from server.wire import decode_body, encode_body, is_json, parse_infer
+
+POLICIES = ("dp-tardy", "dp-time", "edf", "batch", "dynamic", "nexus", "nobatch")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    admin_token: str | None = None
+    default_deadline_ms: float = 1000.0
+    max_body_bytes: int = 16 * 2**20
+
+
+RUNTIME = web.AppKey("runtime", Runtime)
+CONFIG = web.AppKey("config", ServerConfig)
+
+
+def make_app(runtime: Runtime, config: ServerConfig | None = None) -> web.Application:
+    cfg = config or ServerConfig()
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_errors])
+    app[RUNTIME] = runtime
+    app[CONFIG] = cfg
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await runtime.start()
+        yield
+        await runtime.stop()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await runtime.drain()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(on_shutdown)
+    app.router.add_post("/v1/infer", infer)
+    app.router.add_get("/v1/stream", stream)
+    app.router.add_get("/v1/estimate", estimate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/status", status)
+    app.router.add_put("/v1/policy", set_policy)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    add_kserve_routes(app)
+    return app
+
+
+def reply(request: web.Request, doc: Any, status: int = 200) -> web.Response:
+    """Answer in the request's format: msgpack if it sent msgpack or asks for it (Accept),
+    else JSON (so a plain GET from a browser or curl reads as text). KServe v2 is always JSON."""
+    accept = request.headers.get("Accept", "")
+    sent_msgpack = request.body_exists and not is_json(request.content_type)
+    v2 = request.path.startswith("/v2")
+    json_mode = v2 or "json" in accept or not (sent_msgpack or "msgpack" in accept)
+    body, ctype = encode_body(doc, json_mode)
+    return web.Response(body=body, status=status, content_type=ctype)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Overloaded as exc:
+        resp = reply(request, {"status": exc.status, "error": exc.message}, exc.status)
+        resp.headers["Retry-After"] = str(exc.retry_after_s)
+        return resp
+    except BadRequest as exc:
+        return reply(request, {"status": exc.status, "error": exc.message}, exc.status)
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[CONFIG].max_body_bytes
+        return reply(
+            request,
+            {"status": 413, "error": f"body: expected at most {limit} bytes ({exc.text})"},
+            413,
+        )
+
+
+async def _read(request: web.Request) -> Any:
+    raw = await request.read()
+    return decode_body(raw, request.content_type)
+
+
+async def infer(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    doc = await _read(request)
+    json_mode = is_json(request.content_type)
+    req = parse_infer(
+        doc, runtime.app_lengths(), json_mode, request.app[CONFIG].default_deadline_ms
+    )
+    answer = await runtime.submit(req)
+    return reply(request, answer, 500 if answer["status"] == "error" else 200)
+
+
+async def stream(request: web.Request) -> web.WebSocketResponse:
+    """Many infer messages per connection (binary frames: msgpack, text frames: JSON), each
+    answered when it completes and matched by request_id; closing the socket forgets the rest."""
+    runtime = request.app[RUNTIME]
+    deadline = request.app[CONFIG].default_deadline_ms
+    ws = web.WebSocketResponse(max_msg_size=request.app[CONFIG].max_body_bytes)
+    await ws.prepare(request)
+    tasks: set[asyncio.Task[None]] = set()
+    counter = 0
+
+    async def handle(data: bytes, json_mode: bool, fallback_id: str) -> None:
+        rid = fallback_id
+        try:
+            doc = decode_body(data, "application/json" if json_mode else "application/msgpack")
+            if isinstance(doc, dict):
+                given = doc.setdefault("request_id", fallback_id)
+                rid = given if isinstance(given, str) else fallback_id
+            answer = await runtime.submit(
+                parse_infer(doc, runtime.app_lengths(), json_mode, deadline)
+            )
+        except BadRequest as exc:
+            answer = {
+                "request_id": rid,
+                "status": "error",
+                "code": exc.status,
+                "error": exc.message,
+            }
+        body, _ = encode_body(answer, json_mode)
+        if not ws.closed:
+            await (ws.send_str(body.decode()) if json_mode else ws.send_bytes(body))
+
+    async for msg in ws:
+        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+            counter += 1
+            text = msg.type == WSMsgType.TEXT
+            data = msg.data.encode() if text else msg.data
+            task = asyncio.create_task(handle(data, text, f"ws{id(ws):x}-{counter}"))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    for task in tasks:
+        task.cancel()  # the client left: its requests leave the queue
+    return ws
+
+
+async def estimate(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    app = request.query.get("app", "")
+    lengths = runtime.app_lengths()
+    if app not in lengths:
+        raise BadRequest(
+            404, f"app: unknown app {app!r}; served apps: {', '.join(sorted(lengths))}"
+        )
+    try:
+        position = int(request.query.get("position", "0"))
+    except ValueError:
+        raise BadRequest(400, "position: expected an integer stage index") from None
+    if not 0 <= position < lengths[app]:
+        raise BadRequest(
+            422, f"position: expected 0..{lengths[app] - 1} for app {app}, got {position}"
+        )
+    return reply(
+        request,
+        {"app": app, "position": position, "completion_ms": runtime.estimate_ms(app, position)},
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    d = runtime.deployment
+    apps = {}
+    for name, spec in d.apps.items():
+        first = runtime.models[spec.models[0]].spec
+        apps[name] = {
+            "models": list(spec.models),
+            "stages": d.app_length(name),
+            "input_shape": list(first.input_shape),
+            "kind": runtime.models[spec.models[-1]].spec.kind,
+            "stage_input_shapes": [
+                list(runtime.models[m].in_shapes[k])
+                for m in spec.models
+                for k in range(len(runtime.models[m].stages))
+            ],
+            "max_batch": {m: d.batch_limit(m) for m in spec.models},
+        }
+    return reply(request, {"apps": apps, "policy": runtime.policy_name})
+
+
+async def status(request: web.Request) -> web.Response:
+    return reply(request, request.app[RUNTIME].status())
+
+
+async def set_policy(request: web.Request) -> web.Response:
+    token = request.app[CONFIG].admin_token
+    if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
+        raise BadRequest(401, "Authorization: expected 'Bearer <admin token>' to change the policy")
+    doc = await _read(request)
+    name = doc.get("policy") if isinstance(doc, dict) else None
+    if name not in POLICIES:
+        raise BadRequest(400, f"policy: expected one of {', '.join(POLICIES)}")
+    request.app[RUNTIME].set_policy(name)
+    return reply(request, {"policy": name})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    text = runtime.metrics.render(runtime.queue_by_stage())
+    return web.Response(
+        text=text, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    ready = runtime.accepting and runtime._task is not None and not runtime._task.done()
+    return web.json_response({"ready": ready}, status=200 if ready else 503, dumps=json.dumps)

@@ -1,0 +1,446 @@
+"""The server's runtime: requests in, the scheduler's plan executed, answers out (paper 003, 5.1).
+
+One asyncio loop owns the engine (scheduler state and plans) and every request's future; one
+executor thread runs actions (torch releases the GIL), a small pool decodes inputs. The runner
+repeats the runtime step: read the clock once, plan, answer drops, run the first action of the
+plan up to the next layer-group boundary on the executor thread, hand back how far it got. An
+arrival re-plans at once on the loop, concurrently with execution; if the new plan no longer
+starts with the running step, the step is cancelled at its next stage boundary (exit check).
+
+Profiles are measured on an idle machine; a serving machine also decodes, parses and plans, so
+its stages run slower. The runtime compares every completed step's measured time with its
+profiled time (EWMA) and, when the two drift apart by more than 15%, plans with the profiles
+rescaled by the measured factor (`time_scale` in /v1/status): deadlines are judged against what
+this machine really does.
+
+Every accepted request is answered exactly once: with its result, as dropped (by the plan, with
+the reason), or with an error if its action failed. A client that goes away is forgotten: its
+request leaves the queue and its tensors are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from layerexec.executor import Executor, ShapeError
+from layerexec.zoo import ModelSpec, StagedModel
+from scheduler.deployment import Deployment
+from scheduler.engine import Dropped, Engine, Step
+from scheduler.errors import InputError
+from scheduler.policies import make_policy
+from scheduler.profile import scaled
+from scheduler.state import SchedulerState
+from scheduler.types import Request
+from server.errors import BadRequest
+from server.inputs import feature_tensor, image_tensor
+from server.metrics import Metrics
+from server.results import describe
+from server.wire import InferRequest
+
+Clock = Callable[[], float]  # milliseconds, monotonic
+SWITCH_INTERVAL_S = 0.0005
+CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
+CALIBRATION_EVERY = 25  # steps between checks
+CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
+
+
+class Overloaded(BadRequest):
+    """The queue is full: 503, try again after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(503, message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Pending:
+    request: Request
+    future: asyncio.Future[dict[str, Any]]
+    first_run_ms: float | None = None
+    exec_ms: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+    raw: bool = False
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class Runtime:
+    def __init__(
+        self,
+        deployment: Deployment,
+        models: Mapping[str, StagedModel],
+        policy: str = "dp-tardy",
+        clock: Clock = monotonic_ms,
+        max_queued: int = 1000,
+        channels_last: bool = True,
+        estimate_ttl_ms: float = 250.0,
+        calibrate: bool = True,
+    ) -> None:
+        self.deployment = deployment
+        self.base_profiles = list(deployment.profiles.values())
+        self.calibrate = calibrate
+        self.time_scale = 1.0
+        self._measured: tuple[float, float] | None = None  # EWMA of (measured, profiled) ms
+        self._steps_since_check = 0
+        self.models = dict(models)
+        self.executor = Executor(deployment, models, channels_last=channels_last)
+        self.engine = Engine(deployment, make_policy(policy), timer=time.perf_counter)
+        self.policy_name = policy
+        self.clock = clock
+        self.max_queued = max_queued
+        self.estimate_ttl_ms = estimate_ttl_ms
+        self.metrics = Metrics()
+        self.pending: dict[str, Pending] = {}
+        self.accepting = True
+        self.started_ms = clock()
+        self._ids = itertools.count()
+        self._kick: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._cancel: threading.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._exec_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-exec")
+        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="layerbatch-decode")
+        self._estimates: dict[tuple[str, int], tuple[float, float | None]] = {}
+        self._replan_soon = False
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._admitting = 0
+        self._plans_seen = 0
+
+    # --- life cycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        # Planning on the loop thread and stage dispatch on the executor thread share the GIL;
+        # with the default 5 ms switch interval a plan can stall the executor between two torch
+        # ops for that long. 0.5 ms keeps the executor's hand-offs short.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._kick = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task = asyncio.create_task(self._run(), name="layerbatch-runner")
+
+    async def drain(self) -> None:
+        """Stop accepting; return once every accepted request has been answered."""
+        self.accepting = False
+        while self.pending:
+            self._wake()
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for rid in list(self.pending):
+            self._answer(rid, "dropped", reason="the server stopped")
+        self._exec_pool.shutdown(wait=True)
+        self._decode_pool.shutdown(wait=False)
+        self.executor.close()
+
+    # --- what apps there are ---------------------------------------------------------------
+    def app_lengths(self) -> dict[str, int]:
+        return {a: self.deployment.app_length(a) for a in self.deployment.apps}
+
+    def first_spec(self, app: str) -> ModelSpec:
+        return self.models[self.deployment.apps[app].models[0]].spec
+
+    def set_policy(self, name: str) -> None:
+        self.engine.set_policy(make_policy(name))
+        self.policy_name = name
+        self._estimates.clear()
+        self._wake()
+
+    # --- requests ---------------------------------------------------------------------------
+    async def submit(self, req: InferRequest, raw: bool = False) -> dict[str, Any]:
+        """Admit, wait for the answer, return it. Raises BadRequest for a request it refuses.
+        With `raw`, the answer also carries the last model's output itself (`raw_output`)."""
+        if not self.accepting:
+            raise BadRequest(503, "the server is shutting down and accepts no new requests")
+        if len(self.pending) + self._admitting >= self.max_queued:
+            raise Overloaded(
+                f"the queue is full ({self.max_queued} requests); try again shortly", 1
+            )
+        rid = req.request_id or f"r{next(self._ids)}"
+        if rid in self.pending:
+            raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
+        loop = asyncio.get_running_loop()
+        self._admitting += 1  # holds a place in the queue while it decodes
+        try:
+            tensor = await loop.run_in_executor(self._decode_pool, self._decode, req)
+        finally:
+            self._admitting -= 1
+        if rid in self.pending:  # the same id arrived while we decoded
+            raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
+        now = self.clock()
+        request = Request(
+            rid, req.app, req.position, now, now + req.deadline_ms, req.client_id or ""
+        )
+        try:
+            self.executor.admit(rid, req.app, req.position, tensor)
+        except ShapeError as exc:
+            raise BadRequest(422, f"payload: {exc}") from None
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self.pending[rid] = Pending(request, future, raw=raw)
+        try:
+            self.engine.add(request)
+        except InputError as exc:
+            self.pending.pop(rid)
+            self.executor.drop([rid])
+            raise BadRequest(422, str(exc)) from None
+        if not self._replan_soon:  # arrivals in the same loop iteration share one plan
+            self._replan_soon = True
+            loop.call_soon(self._replan_on_arrival)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            self.forget(rid)
+            raise
+
+    def _arm_deadline_timer(self) -> None:
+        """Wake at the earliest deadline of a queued request, so that a request whose deadline
+        passes while it waits is answered then, not when the next batch forms."""
+        running = set(self.engine.running.action.request_ids) if self.engine.running else set()
+        deadlines = [r.deadline_ms for r in self.engine.state if r.id not in running]
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        if deadlines:
+            loop = asyncio.get_running_loop()
+            delay_s = max(0.0, (min(deadlines) - self.clock()) / 1000.0) + 0.0005
+            self._deadline_timer = loop.call_later(delay_s, self._replan_on_arrival)
+
+    def _replan_on_arrival(self) -> None:
+        """Re-plan for the new arrivals while the device may be busy: answer what the plan
+        drops, and stop the running step at its next stage boundary if the plan no longer
+        starts with it."""
+        self._replan_soon = False
+        self._answer_drops(self.engine.replan(self.clock()))
+        self._record_plans()
+        self._arm_deadline_timer()
+        if (
+            self.engine.running is not None
+            and self._cancel is not None
+            and self.engine.wants_preemption()
+        ):
+            self._cancel.set()
+        self._wake()
+
+    def forget(self, rid: str) -> None:
+        """The client went away: the request leaves the queue, its tensors are freed."""
+        p = self.pending.pop(rid, None)
+        if p is None:
+            return
+        self.engine.remove([rid])
+        self.executor.drop([rid])
+        self.metrics.answer(p.request.app, "cancelled", None, False)
+        if not p.future.done():
+            p.future.cancel()
+
+    def _decode(self, req: InferRequest) -> torch.Tensor:
+        if req.jpeg is not None:
+            return image_tensor(req.jpeg, self.first_spec(req.app))
+        if req.tensor is not None:
+            return req.tensor  # shape checked at admission
+        assert req.features is not None
+        model, stage = self.deployment.locate(req.app, req.position)
+        return feature_tensor(req.features, self.models[model].in_shapes[stage])
+
+    # --- estimates ---------------------------------------------------------------------------
+    def estimate_ms(self, app: str, position: int = 0) -> float | None:
+        """The scheduler's completion time for a request of `app` entering now at `position`
+        (None if the policy would not serve it): a plan with it added, cached for a few ms."""
+        now = self.clock()
+        hit = self._estimates.get((app, position))
+        if hit is not None and now - hit[0] <= self.estimate_ttl_ms:
+            return hit[1]
+        probe = SchedulerState(self.deployment, self.engine.state.requests())
+        pid = "__estimate__"
+        probe.add(Request(pid, app, position, now))
+        plan = self.engine.policy.plan(probe, now)
+        value = plan.completion_ms.get(pid)
+        result = None if value is None else round(value - now, 3)
+        self._estimates[(app, position)] = (now, result)
+        return result
+
+    # --- the runtime step --------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._kick is not None:
+            self._kick.set()
+
+    async def _run(self) -> None:
+        assert self._kick is not None and self._idle is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            while self.engine.running is None:
+                now = self.clock()
+                step, wake, drops = self.engine.next_step(now)
+                self._record_plans()
+                self._answer_drops(drops)
+                self._arm_deadline_timer()
+                if step is None:
+                    if wake is not None:
+                        loop.call_later(max(0.0, (wake - now) / 1000.0), self._wake)
+                    break
+                self._idle.clear()
+                await self._execute(step, loop)
+                self._idle.set()
+
+    async def _execute(self, step: Step, loop: asyncio.AbstractEventLoop) -> None:
+        action = step.action
+        cancel = threading.Event()
+        self._cancel = cancel
+        started = self.clock()
+        for rid in action.request_ids:
+            p = self.pending.get(rid)
+            if p is not None and p.first_run_ms is None:
+                p.first_run_ms = started
+        try:
+            progress = await loop.run_in_executor(
+                self._exec_pool, self.executor.run, action, cancel.is_set
+            )
+        except Exception as exc:  # one action failed: fail its requests, keep serving the rest
+            ids = list(action.request_ids)
+            self.engine.remove(ids)
+            self.engine.finish(0)
+            self.executor.drop(ids)
+            k0, k1 = action.stages
+            for rid in ids:
+                self._answer(
+                    rid,
+                    "error",
+                    reason=f"running {action.model} stages {k0}..{k1 - 1} failed: {exc}",
+                )
+            return
+        finally:
+            self._cancel = None
+        ended = self.clock()
+        done = progress.stages_done
+        if progress.cancelled:
+            self.metrics.preempted += 1
+        elif done:
+            predicted = max(step.end_ms - step.start_ms, 1e-6)
+            self.metrics.step_ratio.observe((ended - started) / predicted)
+            self._calibrate(ended - started, predicted / self.time_scale)
+        self.metrics.ran(
+            action.model, range(action.stages[0], action.stages[0] + done), action.batch_size
+        )
+        for rid in action.request_ids:
+            p = self.pending.get(rid)
+            if p is not None and done:
+                p.exec_ms += ended - started
+                p.batch_sizes.append(action.batch_size)
+        for r in self.engine.finish(done):
+            if r.id in progress.finished:
+                self._answer(r.id, "ok", output=progress.finished[r.id])
+
+    def _calibrate(self, measured_ms: float, profiled_ms: float) -> None:
+        """Fold in one step's measured and base-profile times (EWMAs of each, so the factor is
+        time-weighted: short steps, dominated by fixed costs, do not outweigh long ones);
+        rescale the plans' profiles when the factor has drifted from the one in use."""
+        if not self.calibrate:
+            return
+        if self._measured is None:
+            self._measured = (measured_ms, profiled_ms)
+        else:
+            m, p = self._measured
+            w = CALIBRATION_WEIGHT
+            self._measured = (m + w * (measured_ms - m), p + w * (profiled_ms - p))
+        self._steps_since_check += 1
+        if self._steps_since_check < CALIBRATION_EVERY:
+            return
+        self._steps_since_check = 0
+        factor = self._measured[0] / self._measured[1]
+        if abs(factor / self.time_scale - 1.0) > CALIBRATION_DRIFT:
+            d = self.deployment
+            profiles = [scaled(p, factor) for p in self.base_profiles]
+            self.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
+            self.engine.rebase(self.deployment)
+            self.time_scale = factor
+            self._estimates.clear()
+
+    def _record_plans(self) -> None:
+        for us in self.engine.plan_us[self._plans_seen :]:
+            self.metrics.plan.observe(us)
+        self._plans_seen = len(self.engine.plan_us)
+
+    def _answer_drops(self, drops: list[Dropped]) -> None:
+        for d in drops:
+            self.executor.drop([d.request.id])
+            self.metrics.dropped[d.reason] += 1
+            self._answer(d.request.id, "dropped", reason=d.reason)
+
+    def _answer(self, rid: str, status: str, output: Any = None, reason: str | None = None) -> None:
+        p = self.pending.pop(rid, None)
+        if p is None or p.future.done():
+            return
+        now = self.clock()
+        r = p.request
+        total = now - r.arrival_ms
+        on_time = status == "ok" and now <= r.deadline_ms
+        self.metrics.answer(r.app, status, total if status == "ok" else None, on_time)
+        doc: dict[str, Any] = {"request_id": rid, "status": status}
+        if reason is not None:
+            doc["reason"] = reason
+        if status == "ok":
+            last = self.deployment.apps[r.app].models[-1]
+            doc["result"] = describe(self.models[last].spec, output)
+            if p.raw:
+                doc["raw_output"] = output
+        queue = (p.first_run_ms if p.first_run_ms is not None else now) - r.arrival_ms
+        doc["timing"] = {
+            "received_ms": round(r.arrival_ms - self.started_ms, 3),
+            "queue_ms": round(queue, 3),
+            "exec_ms": round(p.exec_ms, 3),
+            "total_ms": round(total, 3),
+        }
+        doc["on_time"] = on_time
+        doc["batch_sizes"] = p.batch_sizes
+        doc["estimate_ms"] = self.estimate_ms(r.app)
+        p.future.set_result(doc)
+
+    # --- status ------------------------------------------------------------------------------
+    def queue_by_stage(self) -> dict[tuple[str, int], int]:
+        out: dict[tuple[str, int], int] = {}
+        for r in self.engine.state:
+            key = self.deployment.locate(r.app, r.position)
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def status(self) -> dict[str, Any]:
+        running = self.engine.running
+        return {
+            "policy": self.policy_name,
+            "accepting": self.accepting,
+            "queued": len(self.pending),
+            "queue": {f"{m}[{k}]": n for (m, k), n in sorted(self.queue_by_stage().items())},
+            "running": None
+            if running is None
+            else {
+                "model": running.action.model,
+                "stages": list(running.action.stages),
+                "batch": running.action.batch_size,
+            },
+            "counters": {
+                "answered": {f"{a}/{s}": n for (a, s), n in sorted(self.metrics.answered.items())},
+                "on_time": dict(self.metrics.on_time),
+                "dropped": dict(self.metrics.dropped),
+                "preempted": self.metrics.preempted,
+            },
+            "store_bytes": self.executor.store.nbytes(),
+            "time_scale": round(self.time_scale, 3),
+        }

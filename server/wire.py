@@ -1,0 +1,156 @@
+"""The wire format of /v1/infer and /v1/stream: msgpack (primary) or JSON (bytes as base64).
+
+    {"app": "resnet18", "deadline_ms": 150, "payload": {"jpeg": <bytes>}}
+    {"app": ..., "payload": {"features": {"position": 4, "shape": [C, H, W], "scale": s,
+                                          "zero_point": z, "codec": "h264"|"raw", "data": <bytes>}}}
+    optional: "request_id", "client_id"
+
+`parse_infer` checks every field and raises BadRequest naming the first wrong one (400 for a
+malformed body or a missing or mistyped field, 404 for an unknown app, 422 for values that are
+well-formed but unusable: a position outside the app, an absurd deadline).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from scheduler.validate import is_int, is_number
+from server.errors import BadRequest
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+MAX_DEADLINE_MS = 600_000.0  # ten minutes: beyond that a "deadline" is a mistake
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    app: str
+    deadline_ms: float
+    request_id: str | None
+    client_id: str | None
+    jpeg: bytes | None = None
+    features: Mapping[str, Any] | None = None
+    tensor: Any = None  # an already-decoded input for stage 0 (KServe v2 tensors)
+
+    @property
+    def position(self) -> int:
+        return 0 if self.features is None else int(self.features["position"])
+
+
+def is_json(content_type: str) -> bool:
+    return content_type.split(";")[0].strip().lower() == JSON
+
+
+def decode_body(raw: bytes, content_type: str) -> Any:
+    """The decoded document; BadRequest(400) if it is not valid msgpack / JSON."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind == JSON:
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadRequest(400, f"body: expected a JSON document ({exc})") from None
+    if kind in (MSGPACK, "application/x-msgpack", ""):
+        try:
+            return msgpack.unpackb(raw, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+            raise BadRequest(400, f"body: expected a msgpack document ({exc})") from None
+    raise BadRequest(415, f"Content-Type: expected {MSGPACK} or {JSON}, got {kind!r}")
+
+
+def encode_body(doc: Any, json_mode: bool) -> tuple[bytes, str]:
+    if json_mode:
+        return json.dumps(doc).encode(), JSON
+    return msgpack.packb(doc, use_bin_type=True), MSGPACK
+
+
+def parse_infer(
+    doc: Any, app_lengths: Mapping[str, int], json_mode: bool, default_deadline_ms: float
+) -> InferRequest:
+    """Check an infer message against the served apps (name -> number of stages)."""
+    if not isinstance(doc, dict):
+        raise BadRequest(400, "body: expected an object with app and payload")
+    app = doc.get("app")
+    if not isinstance(app, str) or not app:
+        raise BadRequest(400, "app: expected the name of a served app (a string)")
+    if app not in app_lengths:
+        raise BadRequest(
+            404, f"app: unknown app {app!r}; served apps: {', '.join(sorted(app_lengths))}"
+        )
+    deadline = doc.get("deadline_ms", default_deadline_ms)
+    if not is_number(deadline):
+        raise BadRequest(400, "deadline_ms: expected a number of milliseconds")
+    if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_MS):
+        raise BadRequest(
+            422, f"deadline_ms: expected a number in (0, {MAX_DEADLINE_MS:g}], got {deadline}"
+        )
+    rid = _optional_str(doc, "request_id")
+    cid = _optional_str(doc, "client_id")
+    payload = doc.get("payload")
+    if not isinstance(payload, dict) or ("jpeg" in payload) == ("features" in payload):
+        raise BadRequest(400, "payload: expected an object with exactly one of jpeg or features")
+    if "jpeg" in payload:
+        jpeg = _bytes(payload["jpeg"], "payload.jpeg", json_mode)
+        return InferRequest(app, float(deadline), rid, cid, jpeg=jpeg)
+    f = payload["features"]
+    if not isinstance(f, dict):
+        raise BadRequest(400, "payload.features: expected an object")
+    pos = f.get("position")
+    if not is_int(pos):
+        raise BadRequest(400, "payload.features.position: expected an integer stage index")
+    if not 0 < pos < app_lengths[app]:
+        raise BadRequest(
+            422,
+            f"payload.features.position: expected 1..{app_lengths[app] - 1} for app {app}, got {pos}",
+        )
+    shape = f.get("shape")
+    if not isinstance(shape, list) or not shape or not all(is_int(v) and v > 0 for v in shape):
+        raise BadRequest(400, "payload.features.shape: expected a list of positive integers")
+    scale = f.get("scale")
+    if not is_number(scale) or not (math.isfinite(scale) and scale > 0):
+        raise BadRequest(400, "payload.features.scale: expected a positive number")
+    zp = f.get("zero_point")
+    if not is_int(zp) or not 0 <= zp <= 255:
+        raise BadRequest(400, "payload.features.zero_point: expected an integer in 0..255")
+    codec = f.get("codec")
+    if not isinstance(codec, str):
+        raise BadRequest(400, 'payload.features.codec: expected "h264" or "raw"')
+    data = _bytes(f.get("data"), "payload.features.data", json_mode)
+    features = {
+        "position": pos,
+        "shape": shape,
+        "scale": float(scale),
+        "zero_point": zp,
+        "codec": codec,
+        "data": data,
+    }
+    return InferRequest(app, float(deadline), rid, cid, features=features)
+
+
+def _optional_str(doc: Mapping[str, Any], key: str) -> str | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > 200:
+        raise BadRequest(400, f"{key}: expected a string of 1 to 200 characters")
+    return v
+
+
+def _bytes(v: object, field: str, json_mode: bool) -> bytes:
+    if json_mode:
+        if not isinstance(v, str):
+            raise BadRequest(400, f"{field}: expected base64 text (JSON carries bytes as base64)")
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(400, f"{field}: expected valid base64") from None
+    if not isinstance(v, bytes | bytearray):
+        raise BadRequest(400, f"{field}: expected bytes")
+    return bytes(v)
