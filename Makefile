@@ -39,6 +39,8 @@ bench: setup
 	$(BIN)/python bench/scheduler_overhead.py
 	$(BIN)/python bench/sim_speed.py
 	$(BIN)/python bench/layerexec_overhead.py
+	$(BIN)/python bench/server_vs_sim.py
+	$(BIN)/python bench/server_capacity.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
