@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scheduler.errors import InputError
+from scheduler.policies import POLICIES as POLICY_CHOICES
 from traces.arrivals import TraceError
 
 BUNDLED_PROFILES = Path(__file__).resolve().parent / "traces" / "data" / "profiles"
@@ -29,7 +30,6 @@ BUNDLED_TRACE = (
 )
 DEMO_PROFILE = "googlenet-v3-pytorch-V100"
 ONE_GROUP_PER_STAGE = 10**6  # G at least any model's stage count: the layer-unit form
-POLICY_CHOICES = ("nobatch", "dynamic", "batch", "nexus", "edf", "dp-time", "dp-tardy")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,28 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from scheduler.policies import POLICIES
+from server.config import CONFIG, RUNTIME, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
 from server.runtime import Overloaded, Runtime
 from server.wire import decode_body, encode_body, is_json, parse_infer
-
-POLICIES = ("dp-tardy", "dp-time", "edf", "batch", "dynamic", "nexus", "nobatch")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    admin_token: str | None = None
-    default_deadline_ms: float = 1000.0
-    max_body_bytes: int = 16 * 2**20
-
-
-RUNTIME = web.AppKey("runtime", Runtime)
-CONFIG = web.AppKey("config", ServerConfig)
 
 
 def make_app(runtime: Runtime, config: ServerConfig | None = None) -> web.Application:

@@ -19,8 +19,10 @@ import numpy as np
 import torch
 from aiohttp import web
 
+from server.config import RUNTIME
 from server.errors import BadRequest
 from server.results import describe
+from server.runtime import Runtime
 from server.wire import MAX_DEADLINE_MS, InferRequest
 
 
@@ -33,9 +35,7 @@ def add_kserve_routes(app: web.Application) -> None:
     app.router.add_post("/v2/models/{app}/infer", model_infer)
 
 
-def _runtime(request: web.Request) -> Any:
-    from server.app import RUNTIME
-
+def _runtime(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
 
 

@@ -1,0 +1,23 @@
+"""The server's settings and the keys under which the app holds them and its runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from server.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`admin_token`: required by PUT /v1/policy when set; `default_deadline_ms`: for requests
+    that give none; `max_body_bytes`: larger bodies get 413."""
+
+    admin_token: str | None = None
+    default_deadline_ms: float = 1000.0
+    max_body_bytes: int = 16 * 2**20
+
+
+RUNTIME = web.AppKey("runtime", Runtime)
+CONFIG = web.AppKey("config", ServerConfig)
