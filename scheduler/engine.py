@@ -11,8 +11,10 @@ action no longer continues the running step (`wants_preemption`), the runner can
 next stage boundary (the executor's exit check) and the new plan runs from where the step stopped:
 the running step continues only while the newest plan starts with it, on the same model and stage,
 with all of its requests (a plan that would add requests to it is not a reason to stop it: they
-cannot join mid-way, and catch up later). Time is passed in; the engine reads no clock. An optional
-`timer` (a callable returning seconds) lets the caller measure planning time.
+cannot join mid-way, and catch up later). A runner that wants the device never to wait for a plan
+starts the next piece of the newest plan with `continue_step` and re-plans right after, while it
+runs. Time is passed in; the engine reads no clock. An optional `timer` (a callable returning
+seconds) lets the caller measure planning time.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Engine:
         self.timer = timer
         self.plan_us: list[float] = []
         self.running: Step | None = None
+        self._rest: list[Action] = []  # the newest plan after the running step
         self._plan: Plan | None = None
         self._plan_key: tuple[int, float] | None = None
         self._version = itertools.count()
@@ -123,6 +126,21 @@ class Engine:
         if gone:
             self._changed()
         self._plan, self._plan_key = plan, (self._state_version, now_ms)
+        if self.running is not None:
+            # made on the state before the running step: its first action is (or replaces) it
+            first = plan.actions[0] if plan.actions else None
+            run = self.running.action
+            continues = (
+                first is not None and first.model == run.model and first.stages[0] == run.stages[0]
+            )
+            rest = list(plan.actions[1:])
+            if continues and first is not None and first.stages[1] > run.stages[1]:
+                rest.insert(
+                    0, Action(run.model, (run.stages[1], first.stages[1]), first.request_ids)
+                )
+            self._rest = rest
+        else:
+            self._rest = []  # next_step takes the plan's actions
         return [Dropped(r, reasons[r.id], now_ms) for r in gone]
 
     @property
@@ -156,15 +174,44 @@ class Engine:
         first = plan.actions[0]
         if first.not_before_ms is not None and first.not_before_ms > now_ms:
             return None, first.not_before_ms, drops
-        k0, k1 = first.stages
-        k1 = min(k1, self.deployment.group_end(first.model, k0))
-        action = Action(first.model, (k0, k1), first.request_ids)
+        self._rest = list(plan.actions[1:])
+        return self._start(first, now_ms), None, drops
+
+    def continue_step(self, now_ms: float) -> Step | None:
+        """Start the next piece of the newest plan without planning first, so that the device
+        need not wait for the plan: the rest of the running action's group sequence, or the
+        plan's next action. The caller re-plans right after (concurrently with execution) and
+        cancels this step if the new plan does not start with it. None when the plan's next
+        piece no longer fits the state (then call `next_step`)."""
+        if self.running is not None:
+            raise RuntimeError("a step is already running")
+        if not self._rest:
+            return None
+        nxt = self._rest[0]
+        if nxt.not_before_ms is not None and nxt.not_before_ms > now_ms:
+            return None
+        for rid in nxt.request_ids:
+            if rid not in self.state:
+                return None
+            r = self.state.get(rid)
+            if self.deployment.locate(r.app, r.position) != (nxt.model, nxt.stages[0]):
+                return None
+        self._rest.pop(0)
+        return self._start(nxt, now_ms)
+
+    def _start(self, action: Action, now_ms: float) -> Step:
+        """Run `action` up to its model's next layer-group boundary; the rest is kept in order."""
+        k0, k1 = action.stages
+        cut = min(k1, self.deployment.group_end(action.model, k0))
+        if cut < k1:
+            self._rest.insert(0, Action(action.model, (cut, k1), action.request_ids))
+        step_action = Action(action.model, (k0, cut), action.request_ids)
         ends, t = [], now_ms
-        for k in range(k0, k1):
-            t += self.deployment.latency_ms(first.model, k, action.batch_size)
+        for k in range(k0, cut):
+            t += self.deployment.latency_ms(action.model, k, step_action.batch_size)
             ends.append(t)
-        self.running = Step(action, now_ms, tuple(ends))
-        return self.running, None, drops
+        self.running = Step(step_action, now_ms, tuple(ends))
+        return self.running
 
     def finish(self, stages_done: int) -> list[Request]:
         """The running step ran `stages_done` stages: advance its requests that are still here;
@@ -174,6 +221,8 @@ class Engine:
             raise RuntimeError("no step is running")
         self.running = None
         self._changed()
+        if stages_done < len(step.stage_end_ms):
+            self._rest = []  # cancelled: the plan no longer describes what comes next
         if stages_done <= 0:
             return []
         a = step.action

@@ -2,10 +2,11 @@
 
 One asyncio loop owns the engine (scheduler state and plans) and every request's future; one
 executor thread runs actions (torch releases the GIL), a small pool decodes inputs. The runner
-repeats the runtime step: read the clock once, plan, answer drops, run the first action of the
-plan up to the next layer-group boundary on the executor thread, hand back how far it got. An
-arrival re-plans at once on the loop, concurrently with execution; if the new plan no longer
-starts with the running step, the step is cancelled at its next stage boundary (exit check).
+repeats the runtime step: read the clock once, run the next piece of the newest plan up to the
+next layer-group boundary on the executor thread, and re-plan while it runs (paper 003 section
+4.1: planning concurrent with execution); hand back how far it got. An arrival also re-plans at
+once on the loop; if a new plan no longer starts with the running step, the step is cancelled at
+its next stage boundary (exit check). When the plan has no valid next piece, plan first.
 
 Profiles are measured on an idle machine; a serving machine also decodes, parses and plans, so
 its stages run slower. The runtime compares every completed step's measured time with its
@@ -288,10 +289,15 @@ class Runtime:
             self._kick.clear()
             while self.engine.running is None:
                 now = self.clock()
-                step, wake, drops = self.engine.next_step(now)
-                self._record_plans()
-                self._answer_drops(drops)
-                self._arm_deadline_timer()
+                # the plan's next piece starts at once; the re-plan runs while it executes
+                step = self.engine.continue_step(now)
+                if step is not None:
+                    loop.call_soon(self._replan_on_arrival)
+                else:
+                    step, wake, drops = self.engine.next_step(now)
+                    self._record_plans()
+                    self._answer_drops(drops)
+                    self._arm_deadline_timer()
                 if step is None:
                     if wake is not None:
                         loop.call_later(max(0.0, (wake - now) / 1000.0), self._wake)

@@ -262,3 +262,60 @@ def test_engine_plans_equal_policy_plans_on_the_same_state(d: Deployment, policy
         if fresh != plan:
             mismatches.append((now_ms, plan, fresh))
     assert mismatches == []
+
+
+def test_continue_step_runs_the_plans_next_group_without_planning(d: Deployment) -> None:
+    calls: list[float] = []
+
+    class Counting:
+        name = "counting"
+
+        def __init__(self) -> None:
+            self.inner = make_policy("dp-time")
+
+        def plan(self, state: SchedulerState, now_ms: float) -> Plan:
+            calls.append(now_ms)
+            return self.inner.plan(state, now_ms)
+
+    e = Engine(d, Counting())
+    e.admit(req("a"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None and step.action.stages == (0, 3)
+    e.finish(3)
+    planned = len(calls)
+    nxt = e.continue_step(step.end_ms)  # the rest of the same action, next group
+    assert nxt is not None and nxt.action.stages == (3, 5) and nxt.action.request_ids == ("a",)
+    assert len(calls) == planned  # no plan on the critical path
+    # after a cancelled step the plan no longer says what comes next
+    e.finish(1)
+    assert e.continue_step(nxt.stage_end_ms[0]) is None
+    step3, _, _ = e.next_step(nxt.stage_end_ms[0])
+    assert step3 is not None and step3.action.stages == (4, 5)
+
+
+def test_continue_step_refuses_a_piece_whose_requests_moved_or_left(d: Deployment) -> None:
+    e = Engine(d, make_policy("dp-time"))
+    e.admit(req("a"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None
+    e.remove(["a"])  # the client went away while its step ran
+    e.finish(len(step.stage_end_ms))
+    assert e.continue_step(step.end_ms) is None
+
+
+def test_a_plan_made_while_busy_sets_what_continues(d: Deployment) -> None:
+    e = Engine(d, make_policy("dp-time"))
+    e.admit(req("a"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None
+    e.admit(req("b", arrival=0.1), 0.1)  # re-planned while "a" runs its first group
+    e.finish(len(step.stage_end_ms))
+    nxt = e.continue_step(step.end_ms)
+    if nxt is None:  # the new plan batches "b" into "a"'s action: "b" cannot join mid-way
+        first = e.plan.actions[0] if e.plan else None
+        assert first is not None and set(first.request_ids) == {"a", "b"}
+        nxt, _, _ = e.next_step(step.end_ms)
+        assert nxt is not None
+    # whatever runs next, its requests stand where it starts
+    for rid in nxt.action.request_ids:
+        assert e.state.get(rid).position == nxt.action.stages[0]
