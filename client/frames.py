@@ -43,3 +43,22 @@ def jpeg(rgb: np.ndarray, quality: int = 90) -> bytes:
     if not ok:
         raise ValueError("could not encode a frame as JPEG")
     return buf.tobytes()
+
+
+BUNDLED_IMAGES = Path(__file__).resolve().parent.parent / "traces" / "data" / "images"
+PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def bundled_photos(folder: str | Path = BUNDLED_IMAGES) -> dict[str, np.ndarray]:
+    """The photos in `folder` (the bundled scikit-image ones by default) as RGB arrays
+    (H x W x 3 uint8), keyed by file name, in name order."""
+    out: dict[str, np.ndarray] = {}
+    for path in sorted(Path(folder).iterdir()) if Path(folder).is_dir() else []:
+        if path.suffix.lower() in PHOTO_SUFFIXES:
+            bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if bgr is None:
+                raise ValueError(f"{path}: expected a readable image file")
+            out[path.name] = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    if not out:
+        raise ValueError(f"{folder}: expected a folder with at least one PNG or JPEG photo")
+    return out

@@ -203,7 +203,7 @@ class Runtime:
             raise BadRequest(422, str(exc)) from None
         if not self._replan_soon:  # arrivals in the same loop iteration share one plan
             self._replan_soon = True
-            loop.call_soon(self._replan_on_arrival)
+            loop.call_soon(self._replan_now)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -221,12 +221,12 @@ class Runtime:
         if deadlines:
             loop = asyncio.get_running_loop()
             delay_s = max(0.0, (min(deadlines) - self.clock()) / 1000.0) + 0.0005
-            self._deadline_timer = loop.call_later(delay_s, self._replan_on_arrival)
+            self._deadline_timer = loop.call_later(delay_s, self._replan_now)
 
-    def _replan_on_arrival(self) -> None:
-        """Re-plan for the new arrivals while the device may be busy: answer what the plan
-        drops, and stop the running step at its next stage boundary if the plan no longer
-        starts with it."""
+    def _replan_now(self) -> None:
+        """Re-plan now (after arrivals, at a queued request's deadline, or while a continued
+        step runs), the device perhaps busy: answer what the plan drops, and stop the running
+        step at its next stage boundary if the plan no longer starts with it."""
         self._replan_soon = False
         self._answer_drops(self.engine.replan(self.clock()))
         self._record_plans()
@@ -292,7 +292,7 @@ class Runtime:
                 # the plan's next piece starts at once; the re-plan runs while it executes
                 step = self.engine.continue_step(now)
                 if step is not None:
-                    loop.call_soon(self._replan_on_arrival)
+                    loop.call_soon(self._replan_now)
                 else:
                     step, wake, drops = self.engine.next_step(now)
                     self._record_plans()
