@@ -28,7 +28,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy --strict scheduler sim
-	$(BIN)/mypy traces layerexec layerbatch.py
+	$(BIN)/mypy traces layerexec server client layerbatch.py
 
 pytest: setup
 	$(BIN)/python -m pytest

@@ -1,6 +1,7 @@
 """layerbatch: the one command line (`layerbatch <verb>`, also `python -m layerbatch`).
 
-Verbs: demo, schedule, sim, sim capacity, profiles. A mistake in a file or a flag ends the
+Verbs: demo, schedule, sim, sim capacity, profiles, profile, models, serve, client, loadgen,
+linkshell, traces. A mistake in a file or a flag ends the
 command with one line naming it and exit status 2.
 """
 
@@ -157,6 +158,45 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.set_defaults(func=cmd_serve)
 
+    cli = sub.add_parser("client", help="a mobile client: frames run locally, sent, or split")
+    _add_client_args(cli)
+    cli.add_argument("--fps", type=_positive_float, default=None, help="frames/s (default 10)")
+    cli.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
+    cli.add_argument("--rate", type=_positive_float, default=None, help="--arrival poisson: req/s")
+    cli.add_argument("--offload", choices=("none", "local", "binary", "partial"), default="binary")
+    cli.add_argument(
+        "--uplink-offset-s", type=float, default=0.0, help="start the traces here (default 0)"
+    )
+    cli.add_argument("--plot", default=None, help="PNG: latency CDF and decisions over time")
+    cli.set_defaults(func=cmd_client)
+
+    gen = sub.add_parser("loadgen", help="many simulated clients against a server (--sweep: N)")
+    _add_client_args(gen)
+    gen.add_argument(
+        "--clients", type=_positive_ints, default=[4], help="N (with --sweep: a comma list)"
+    )
+    gen.add_argument("--rate-per-client", type=_positive_float, default=10.0, help="req/s")
+    gen.add_argument("--offload", choices=("none", "binary", "partial"), default="binary")
+    gen.add_argument(
+        "--sweep", action="store_true", help="each N of --clients, for none, binary and partial"
+    )
+    gen.add_argument("--plot", default=None, help="--sweep: PNG of on-time ratio against N")
+    gen.set_defaults(func=cmd_loadgen)
+
+    shell = sub.add_parser("linkshell", help="a TCP proxy pacing bytes by LTE/WiFi traces")
+    shell.add_argument(
+        "--uplink", required=True, help="trace file or bundled name (client->server)"
+    )
+    shell.add_argument("--downlink", required=True, help="trace file or bundled name")
+    shell.add_argument(
+        "--listen", default="127.0.0.1:9000", help="HOST:PORT (default 127.0.0.1:9000)"
+    )
+    shell.add_argument("--upstream", default="127.0.0.1:8080", help="HOST:PORT of the server")
+    shell.set_defaults(func=cmd_linkshell)
+
+    traces = sub.add_parser("traces", help="list the network traces shipped with layerbatch")
+    traces.set_defaults(func=cmd_traces)
+
     meas = sub.add_parser("profile", help="measure a model's per-stage latency profile")
     meas.add_argument(
         "--model", required=True, help="a model layerexec knows (see layerbatch models)"
@@ -243,6 +283,34 @@ def capacity_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default="http://127.0.0.1:8080", help="the edge server's URL")
+    p.add_argument("--app", default="resnet18", help="the app (a model name) to run")
+    p.add_argument(
+        "--source", default=None, help="video file, or 'synthetic' (default: the bundled clip)"
+    )
+    p.add_argument("--frames", type=_positive_int, default=120, help="distinct frames to use")
+    p.add_argument("--deadline-ms", type=_positive_float, default=300.0)
+    p.add_argument("--uplink", default=None, help="trace file or bundled name (see traces)")
+    p.add_argument("--downlink", default=None, help="trace file or bundled name")
+    p.add_argument(
+        "--link-scale",
+        type=_positive_float,
+        default=1.0,
+        help="multiply the traces' capacity (the paper's x10 LTE stands for 5G)",
+    )
+    p.add_argument(
+        "--client-slowdown",
+        type=_at_least_one,
+        default=1.0,
+        help="the device is F times slower than this machine (local stage time x F)",
+    )
+    p.add_argument("--client-threads", type=_positive_int, default=1, help="torch threads")
+    p.add_argument("--duration", type=_positive_float, default=20.0, help="seconds (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-out", default=None, help="write summary and per-frame records here")
+
+
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
@@ -310,6 +378,25 @@ def _positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def _at_least_one(text: str) -> float:
+    value = _positive_float(text)
+    if value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a factor >= 1, got {text!r}")
+    return value
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or a comma list of them, got {text!r}"
+        )
+    return values
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -682,6 +769,46 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
         print=None, shutdown_timeout=30.0,
     )  # fmt: skip
+    return 0
+
+
+def cmd_client(ns: argparse.Namespace) -> int:
+    from client.commands import client_command
+
+    if ns.arrival == "poisson":
+        if ns.rate is None or ns.fps is not None:
+            raise UsageError("layerbatch client: --arrival poisson takes --rate R (not --fps)")
+    elif ns.rate is not None:
+        raise UsageError("layerbatch client: --rate needs --arrival poisson (or use --fps)")
+    elif ns.fps is None:
+        ns.fps = 10.0
+    return client_command(ns)
+
+
+def cmd_loadgen(ns: argparse.Namespace) -> int:
+    from client.commands import loadgen_command
+
+    if not ns.sweep and len(ns.clients) != 1:
+        raise UsageError(
+            "layerbatch loadgen: --clients: expected one number (a list needs --sweep)"
+        )
+    return loadgen_command(ns)
+
+
+def cmd_linkshell(ns: argparse.Namespace) -> int:
+    from client.linkshell import run_linkshell
+
+    return run_linkshell(ns.uplink, ns.downlink, ns.listen, ns.upstream)
+
+
+def cmd_traces(ns: argparse.Namespace) -> int:
+    from traces.network import bundled_traces, load_trace
+
+    for name, path in bundled_traces().items():
+        t = load_trace(path)
+        print(
+            f"{name:<32} {t.period_ms / 1000:7.1f} s  mean {t.mean_mbps():6.2f} Mbit/s  {path.name}"
+        )
     return 0
 
 

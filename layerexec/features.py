@@ -1,11 +1,15 @@
 """Feature maps on the wire: INT8 (per-tensor affine, `quant.py`) tiled into one grayscale frame
 and compressed losslessly with H.264 (paper 003 sections 4.4 and 5.2).
 
-A tensor of any shape is viewed as N planes of H x W (the last two dimensions; a vector is one
-plane of 1 x L); the planes are tiled row by row into a grid of ceil(sqrt(N)) columns, and the
-frame is encoded by libx264 with `pix_fmt=gray` and `qp=0` in one call. The decoder returns yuv420p
+A tensor of any shape is viewed as N planes of H x W (the last two dimensions); a tensor whose
+planes are single rows (a vector, or H == 1) is instead one square plane of side
+ceil(sqrt(size)), zero-padded (libx264 refuses frames wider than 16384, and a 1 x L frame codes
+badly). The planes are tiled row by row into a grid of ceil(sqrt(N)) columns, and the frame is
+encoded by libx264 with `pix_fmt=gray` and `qp=0` in one call. The decoder returns yuv420p
 frames whose Y plane holds exactly the bytes sent (reading them as gray, or encoding a yuv
-format, would rescale the range), so decode_uint8(encode_uint8(q)) == q for every uint8 array.
+format, would rescale the range), so decode_uint8(encode_uint8(q)) == q for every non-empty
+uint8 array (an empty one is refused with FeatureError). Data cut short is refused too (the
+decoder runs with `err_detect=explode`); TCP's checksums are trusted against flipped bits.
 """
 
 from __future__ import annotations
@@ -41,17 +45,23 @@ class EncodedFeatures:
 
 
 def _planes(shape: Sequence[int]) -> tuple[int, int, int]:
-    if len(shape) == 0:
-        return 1, 1, 1
-    if len(shape) == 1:
-        return 1, 1, shape[0]
+    """(N, H, W) of the planes that hold an array of `shape` (module docstring)."""
+    size = math.prod(shape)
+    if size == 0:
+        raise FeatureError(f"shape {list(shape)}: expected a non-empty feature map")
+    if len(shape) < 2 or shape[-2] == 1:
+        side = math.isqrt(size - 1) + 1
+        return 1, side, side
     return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
 def tile(q: np.ndarray) -> np.ndarray:
     """uint8 array of any shape -> one 2-D frame with its planes in a grid."""
     n, h, w = _planes(q.shape)
-    planes = q.reshape(n, h, w)
+    flat = q.reshape(-1)
+    if flat.size < n * h * w:
+        flat = np.concatenate([flat, np.zeros(n * h * w - flat.size, np.uint8)])
+    planes = flat.reshape(n, h, w)
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
     frame = np.zeros((rows * h, cols * w), dtype=np.uint8)
@@ -74,7 +84,7 @@ def untile(frame: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     for i in range(n):
         r, c = divmod(i, cols)
         out[i] = frame[r * h : (r + 1) * h, c * w : (c + 1) * w]
-    return out.reshape(tuple(shape))
+    return out.reshape(-1)[: math.prod(shape)].reshape(tuple(shape))
 
 
 def encode_uint8(q: np.ndarray) -> bytes:
@@ -97,6 +107,7 @@ def decode_uint8(data: bytes, shape: Sequence[int]) -> np.ndarray:
     """The uint8 array of `shape` that `encode_uint8` encoded into `data`."""
     try:
         with av.open(io.BytesIO(data), mode="r", format="h264") as container:
+            container.streams.video[0].codec_context.options = {"err_detect": "explode"}
             frame = next(container.decode(video=0), None)
     except (av.error.FFmpegError, ValueError) as exc:
         raise FeatureError(f"the H.264 data could not be decoded ({exc})") from None

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from layerexec.features import CODECS, FeatureError, decode_features
+from layerexec.images import rgb_tensor
 from layerexec.zoo import ModelSpec
 from server.errors import BadRequest
 
@@ -21,17 +22,6 @@ def image_tensor(jpeg: bytes, spec: ModelSpec) -> torch.Tensor:
     if img is None:
         raise BadRequest(422, "payload.jpeg: expected an encoded image (JPEG), could not decode it")
     return rgb_tensor(cv2.cvtColor(img, cv2.COLOR_BGR2RGB), spec)
-
-
-def rgb_tensor(rgb: np.ndarray, spec: ModelSpec) -> torch.Tensor:
-    """An H x W x 3 RGB uint8 image resized and normalised for `spec`."""
-    _, h, w = spec.input_shape
-    if rgb.shape[:2] != (h, w):
-        rgb = cv2.resize(rgb, (w, h), interpolation=cv2.INTER_LINEAR)
-    x = rgb.astype(np.float32)
-    x -= np.asarray(spec.pixel_mean, dtype=np.float32)
-    x /= np.asarray(spec.pixel_std, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
 
 
 def feature_tensor(features: Mapping[str, Any], expected: Sequence[int]) -> torch.Tensor:

@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+
+# pytest stash key: the lines tests report through the `report` fixture ("figures" section)
+FIGURES_KEY = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """`report(line)` keeps one line of measured figures; pytest prints them all at the end of
+    the run, in the terminal summary under the heading "figures"."""
+    lines = pytestconfig.stash.setdefault(FIGURES_KEY, [])
+    return lines.append
 
 
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
-    """How far dp-time (--exact, Theorem 1: best over FIFO segmentations) is from the best over
-    all schedules, on the random cases of tests/test_dp_optimality.py."""
+    """The figures tests reported through `report`; how far dp-time (--exact, Theorem 1: best
+    over FIFO segmentations) is from the best over all schedules, on the random cases of
+    tests/test_dp_optimality.py."""
     from tests.sched_cases import DP_GAP_KEY, HEURISTIC_KEY
 
+    figures = config.stash.get(FIGURES_KEY, [])
+    if figures:
+        terminalreporter.section("figures")
+        for line in figures:
+            terminalreporter.write_line(line)
     heuristic = config.stash.get(HEURISTIC_KEY, [])
     if heuristic:
         terminalreporter.section("dp-time app order above 6 apps: heuristic vs exact search")

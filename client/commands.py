@@ -1,0 +1,172 @@
+"""`layerbatch client` and `layerbatch loadgen`: set up from flags, run, report.
+
+The flags are parsed in layerbatch.py; these functions take the namespace. Bad input (an unknown
+app, a missing video, a malformed trace) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from client.device import TorchDevice, replay_features
+from client.fleet import Fleet, capacity, run_fleet, sweep
+from client.mobile import FrameRecord, MobileClient, Once, arrivals_ms, summary
+from client.remote import Remote
+from client.source import Frame, load_frames
+from layerexec import zoo
+from traces.network import Link, LinkTrace, resolve_trace
+
+REPLAY_FRAMES = 8  # distinct frames whose feature maps the simulated clients send
+
+
+def _say(message: str) -> None:
+    print(f"client: {message}", file=sys.stderr)
+
+
+def _inputs(ns: argparse.Namespace) -> tuple[zoo.StagedModel, list[Frame], Any, Any]:
+    """Model, frames and traces from the flags; ValueError (one sentence) if any is bad."""
+    spec = zoo.spec(ns.app)
+    frames = load_frames(getattr(ns, "source", "") or _video(), spec, ns.frames, ns.seed)
+    uplink = resolve_trace(ns.uplink).scaled(ns.link_scale) if ns.uplink else None
+    downlink = resolve_trace(ns.downlink).scaled(ns.link_scale) if ns.downlink else None
+    return zoo.load_model(ns.app), frames, uplink, downlink
+
+
+def _video() -> str:
+    from client.frames import BUNDLED_VIDEO
+
+    return str(BUNDLED_VIDEO)
+
+
+def _tensorrt() -> bool:
+    """Local layers run with TensorRT when it imports and a CUDA GPU is present."""
+    from layerexec.trt import available
+
+    return available()[0]
+
+
+def _describe_device(device: TorchDevice, frames: Sequence[Frame]) -> None:
+    est = device.calibrate(frames[:1])
+    local = sum(est.stage_ms)
+    _say(
+        f"{device.model.name} with {device.backend} x{device.slowdown:g}: {local:.1f} ms for its "
+        f"{device.n_stages} stages; JPEG {est.payload_bytes[0] / 1e3:.1f} kB, feature maps "
+        f"{min(est.payload_bytes[1:], default=0) / 1e3:.1f}-"
+        f"{max(est.payload_bytes[1:], default=0) / 1e3:.1f} kB"
+    )
+
+
+def client_command(ns: argparse.Namespace) -> int:
+    try:
+        model, frames, uplink, downlink = _inputs(ns)
+    except ValueError as exc:
+        print(f"layerbatch client: {exc}", file=sys.stderr)
+        return 2
+    records = asyncio.run(_client(ns, model, frames, uplink, downlink))
+    doc: dict[str, Any] = {"summary": summary(records), "records": [r.as_json() for r in records]}
+    _print_summary(doc["summary"])
+    if ns.json_out:
+        Path(ns.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    if ns.plot:
+        from client.plot import plot_client
+
+        plot_client(
+            records, ns.deadline_ms, ns.plot, uplink, ns.uplink_offset_s * 1000.0,
+            f"{ns.app}, offload {ns.offload}, deadline {ns.deadline_ms:g} ms",
+        )  # fmt: skip
+        print(f"plot: {ns.plot}")
+    return 0
+
+
+async def _client(
+    ns: argparse.Namespace,
+    model: zoo.StagedModel,
+    frames: list[Frame],
+    uplink: LinkTrace | None,
+    downlink: LinkTrace | None,
+) -> list[FrameRecord]:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    def clock_ms() -> float:  # from the start of the run: link time 0 is trace time offset
+        return (loop.time() - t0) * 1000.0
+
+    device = TorchDevice(model, clock_ms, ns.client_slowdown, ns.client_threads, _tensorrt())
+    try:
+        _describe_device(device, frames)
+        offset_ms = ns.uplink_offset_s * 1000.0
+        async with aiohttp.ClientSession() as session:
+            remote = Remote(
+                ns.server, ns.app, session, clock_ms,
+                Link(uplink, offset_ms) if uplink else None,
+                Link(downlink, offset_ms) if downlink else None,
+                estimates=[None] * device.n_stages,
+            )  # fmt: skip
+            client = MobileClient(
+                "client0", device, remote, ns.offload, ns.deadline_ms, clock_ms, Once(_say)
+            )
+            times = arrivals_ms(ns.duration, ns.fps, ns.rate, np.random.default_rng(ns.seed))
+            return await client.run(frames, times)
+    finally:
+        device.close()
+
+
+def loadgen_command(ns: argparse.Namespace) -> int:
+    try:
+        model, frames, uplink, downlink = _inputs(ns)
+    except ValueError as exc:
+        print(f"layerbatch loadgen: {exc}", file=sys.stderr)
+        return 2
+    device = TorchDevice(model, lambda: 0.0, ns.client_slowdown, ns.client_threads)
+    _describe_device(device, frames)
+    device.close()
+    fleet = Fleet(
+        ns.server, ns.app, frames[:REPLAY_FRAMES], device.estimates,
+        replay_features(model, frames[:REPLAY_FRAMES], ns.client_threads),
+        uplink, downlink, ns.deadline_ms, ns.rate_per_client,
+    )  # fmt: skip
+    say = Once(_say)
+    if ns.sweep:
+        points = asyncio.run(
+            sweep(fleet, ns.clients, ("none", "binary", "partial"), ns.duration, ns.seed, say,
+                  progress=print)
+        )  # fmt: skip
+        caps = {m: capacity(points, m) for m in ("none", "binary", "partial")}
+        print("capacity (clients with on-time >= 0.9): " + ", ".join(
+            f"{m} {c}" for m, c in caps.items()))  # fmt: skip
+        doc: dict[str, Any] = {
+            "capacity": caps,
+            "points": [{"mode": p.mode, "clients": p.clients, **p.summary} for p in points],
+        }
+        if ns.plot:
+            from client.plot import plot_sweep
+
+            plot_sweep(points, ns.plot, f"{ns.app}, {ns.rate_per_client:g} req/s per client")
+            print(f"plot: {ns.plot}")
+    else:
+        records = asyncio.run(
+            run_fleet(fleet, ns.clients[0], ns.offload, ns.duration,
+                      np.random.default_rng(ns.seed), say)
+        )  # fmt: skip
+        doc = {
+            "summary": {"clients": ns.clients[0], **summary(records)},
+            "records": [r.as_json() for r in records],
+        }
+        _print_summary(doc["summary"])
+    if ns.json_out:
+        Path(ns.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    for key, value in s.items():
+        print(f"{key:>16}: {value}")
