@@ -131,11 +131,13 @@ class Executor:
             raise ValueError("stacked actions must not share requests")
         if self._side is None:
             self._side = ThreadPoolExecutor(1, thread_name_prefix="layerexec-stack")
-        other = self._side.submit(self._run_on_stream, b, cancel_b)
-        first = self._run_on_stream(a, cancel_a)
+        other = self._side.submit(self.run_on_stream, b, cancel_b)
+        first = self.run_on_stream(a, cancel_a)
         return first, other.result()
 
-    def _run_on_stream(self, action: Action, cancel: Callable[[], bool] | None) -> Progress:
+    def run_on_stream(self, action: Action, cancel: Callable[[], bool] | None = None) -> Progress:
+        """`run` on a CUDA stream of its own (plain `run` on a CPU): callable from a second
+        thread while another action runs (stacking); the two must not share requests."""
         if self.device.type != "cuda":
             return self.run(action, cancel)
         stream = torch.cuda.Stream(self.device)

@@ -13,7 +13,10 @@ the running step continues only while the newest plan starts with it, on the sam
 with all of its requests (a plan that would add requests to it is not a reason to stop it: they
 cannot join mid-way, and catch up later). A runner that wants the device never to wait for a plan
 starts the next piece of the newest plan with `continue_step` and re-plans right after, while it
-runs. Time is passed in; the engine reads no clock. An optional `timer` (a callable returning
+runs. A plan may also stop the running step early by starting with it but ending it at an
+earlier stage (Irina's preemption at the next boundary), and may name an action to run `beside`
+it on a second lane (stacking): `next_beside` starts it, its requests leave the state until
+`finish_beside` puts them back where it left them. Time is passed in; the engine reads no clock. An optional `timer` (a callable returning
 seconds) lets the caller measure planning time.
 """
 
@@ -25,27 +28,7 @@ from dataclasses import dataclass
 
 from scheduler.deployment import Deployment
 from scheduler.state import SchedulerState
-from scheduler.types import Action, Plan, Request, Scheduler
-
-
-@dataclass(frozen=True)
-class Step:
-    """One layer group being executed: `action` from `start_ms`; `stage_end_ms[i]` is when its
-    i-th stage ends by the profile (the last one is `end_ms`)."""
-
-    action: Action
-    start_ms: float
-    stage_end_ms: tuple[float, ...]
-
-    @property
-    def end_ms(self) -> float:
-        return self.stage_end_ms[-1]
-
-    def stages_done_by(self, t_ms: float) -> int:
-        """Stages complete if the step is cancelled at `t_ms`: every stage that started before
-        `t_ms` finishes; one that would start at `t_ms` does not (the exit check comes first)."""
-        starts = (self.start_ms, *self.stage_end_ms[:-1])
-        return sum(1 for s in starts if s < t_ms)
+from scheduler.types import Action, Plan, Request, Scheduler, Step
 
 
 @dataclass(frozen=True)
@@ -71,6 +54,8 @@ class Engine:
         self.timer = timer
         self.plan_us: list[float] = []
         self.running: Step | None = None
+        self.beside: Step | None = None
+        self._beside_held: list[Request] = []
         self._rest: list[Action] = []  # the newest plan after the running step
         self._plan: Plan | None = None
         self._plan_key: tuple[int, float] | None = None
@@ -95,6 +80,7 @@ class Engine:
         """Plan with another deployment of the same apps and stages (e.g. profiles rescaled to
         what this machine measures); the requests keep their positions, the memo starts over."""
         self.state = SchedulerState(deployment, self.state.requests())
+        self.state.running, self.state.beside = self.running, self.beside
         self.deployment = deployment
         self._changed()
 
@@ -157,6 +143,7 @@ class Engine:
         return not (
             first.model == run.model
             and first.stages[0] == run.stages[0]
+            and first.stages[1] >= run.stages[1]
             and live <= set(first.request_ids)
         )
 
@@ -210,8 +197,46 @@ class Engine:
         for k in range(k0, cut):
             t += self.deployment.latency_ms(action.model, k, step_action.batch_size)
             ends.append(t)
-        self.running = Step(step_action, now_ms, tuple(ends))
+        self.running = self.state.running = Step(step_action, now_ms, tuple(ends))
         return self.running
+
+    def next_beside(self, now_ms: float) -> Step | None:
+        """Start the newest plan's `beside` action on the second lane, if that lane is free and
+        its requests stand at its first stage and are not in the running step; else None."""
+        plan = self._plan
+        if self.beside is not None or plan is None or plan.beside is None:
+            return None
+        a = plan.beside
+        busy = set(self.running.action.request_ids) if self.running else set()
+        for rid in a.request_ids:
+            if rid not in self.state or rid in busy:
+                return None
+            r = self.state.get(rid)
+            if self.deployment.locate(r.app, r.position) != (a.model, a.stages[0]):
+                return None
+        self._beside_held = self.state.remove(a.request_ids)
+        self._changed()
+        ends, t = [], now_ms
+        for k in range(*a.stages):
+            t += self.deployment.latency_ms(a.model, k, a.batch_size)
+            ends.append(t)
+        self.beside = self.state.beside = Step(a, now_ms, tuple(ends))
+        return self.beside
+
+    def finish_beside(self, stages_done: int) -> list[Request]:
+        """The beside step ran `stages_done` stages: its requests return to the state advanced;
+        returns (without re-adding) those that finished their app."""
+        step = self.beside
+        if step is None:
+            raise RuntimeError("no step is running beside")
+        self.beside = self.state.beside = None
+        held, self._beside_held = self._beside_held, []
+        for r in held:
+            self.state.add(r)
+        self._changed()
+        a = step.action
+        return self.state.advance(Action(a.model, (a.stages[0], a.stages[0] + stages_done),
+                                         a.request_ids), stages_done)  # fmt: skip
 
     def finish(self, stages_done: int) -> list[Request]:
         """The running step ran `stages_done` stages: advance its requests that are still here;
@@ -219,7 +244,7 @@ class Engine:
         step = self.running
         if step is None:
             raise RuntimeError("no step is running")
-        self.running = None
+        self.running = self.state.running = None
         self._changed()
         if stages_done < len(step.stage_end_ms):
             self._rest = []  # cancelled: the plan no longer describes what comes next

@@ -13,7 +13,7 @@ from typing import Any
 
 from scheduler.deployment import Deployment
 from scheduler.errors import InputError
-from scheduler.types import Action, Request
+from scheduler.types import Action, Request, Step
 
 
 class SchedulerState:
@@ -23,6 +23,11 @@ class SchedulerState:
         self.deployment = deployment
         self._requests: dict[str, Request] = {}
         self.memo: dict[str, Any] = {}
+        # what the device is doing, set by the engine: the running step (its requests are still
+        # listed here, at the positions they had when it started) and a step running beside it
+        # on a second lane (stacking; its requests are not listed until it finishes)
+        self.running: Step | None = None
+        self.beside: Step | None = None
         for r in requests:
             self.add(r)
 

@@ -82,14 +82,20 @@ def finish_plan(
     objective: float | None = None,
     policy: str = "",
     notes: Mapping[str, float] | None = None,
+    beside: Action | None = None,
 ) -> Plan:
     """Check `actions` against the plan guarantees and build the `Plan`.
 
+    `beside` runs from `now_ms` on a second lane (its requests' completion is its solo replay).
     `objective` defaults to the total completion time, sum of (completion - now) in ms.
     """
     gone = {d.request_id for d in dropped}
-    live = [r for r in state if r.id not in gone]
+    aside = set(beside.request_ids) if beside is not None else set()
+    live = [r for r in state if r.id not in gone and r.id not in aside]
     completion, _ = replay(state.deployment, live, now_ms, actions)
+    if beside is not None:
+        lane = [r for r in state if r.id in aside]
+        completion.update(replay(state.deployment, lane, now_ms, [beside])[0])
     missing = [r.id for r in live if r.id not in completion]
     if missing:
         raise PlanError(f"{policy}: plan leaves requests unfinished: {missing[:5]}")
@@ -102,6 +108,7 @@ def finish_plan(
         objective=objective,
         policy=policy,
         notes=dict(notes or {}),
+        beside=beside,
     )
 
 

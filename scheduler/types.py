@@ -60,6 +60,26 @@ class Action:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One layer group being executed: `action` from `start_ms`; `stage_end_ms[i]` is when its
+    i-th stage ends by the profile (the last one is `end_ms`)."""
+
+    action: Action
+    start_ms: float
+    stage_end_ms: tuple[float, ...]
+
+    @property
+    def end_ms(self) -> float:
+        return self.stage_end_ms[-1]
+
+    def stages_done_by(self, t_ms: float) -> int:
+        """Stages complete if the step is cancelled at `t_ms`: every stage that started before
+        `t_ms` finishes; one that would start at `t_ms` does not (the exit check comes first)."""
+        starts = (self.start_ms, *self.stage_end_ms[:-1])
+        return sum(1 for s in starts if s < t_ms)
+
+
+@dataclass(frozen=True)
 class Drop:
     """A request the plan will not run, with the reason the client is told."""
 
@@ -84,6 +104,9 @@ class Plan:
     objective: float = 0.0
     policy: str = ""
     notes: Mapping[str, float] = field(default_factory=dict)
+    # an action to start now on a second lane, beside the running one (stacking, paper 002
+    # section 2.2); its requests are not in `actions`, and `completion_ms` holds their end
+    beside: Action | None = None
 
     @property
     def dropped_ids(self) -> tuple[str, ...]:

@@ -87,7 +87,8 @@ def build_runtime(
             profile = dataclasses.replace(profile, max_batch=bound)
         profiles.append(profile)
     deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=groups)
-    runtime = Runtime(deployment, models, policy, max_queued=max_queued)
+    memory = None if memory_mb is None else memory_mb * 2**20
+    runtime = Runtime(deployment, models, policy, max_queued=max_queued, memory_bytes=memory)
     warm_up(runtime)
     return runtime
 

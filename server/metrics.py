@@ -48,6 +48,7 @@ class Metrics:
         # measured / profiled time of every completed step: how well the profiles fit this machine
         self.step_ratio = Histogram(RATIO_BUCKETS)
         self.preempted = 0
+        self.stacked = 0  # actions run beside another (stacking)
 
     def answer(self, app: str, status: str, total_ms: float | None, on_time: bool) -> None:
         self.answered[(app, status)] += 1
@@ -72,6 +73,8 @@ class Metrics:
             lines.append(f'layerbatch_dropped_total{{reason="{reason}"}} {n}')
         lines.append("# TYPE layerbatch_preempted_total counter")
         lines.append(f"layerbatch_preempted_total {self.preempted}")
+        lines.append("# TYPE layerbatch_stacked_total counter")
+        lines.append(f"layerbatch_stacked_total {self.stacked}")
         lines.append("# TYPE layerbatch_completion_ms histogram")
         for app, h in sorted(self.completion.items()):
             lines += h.lines("layerbatch_completion_ms", f'app="{app}"')

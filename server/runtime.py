@@ -37,12 +37,12 @@ import torch
 from layerexec.executor import Executor, ShapeError
 from layerexec.zoo import ModelSpec, StagedModel
 from scheduler.deployment import Deployment
-from scheduler.engine import Dropped, Engine, Step
+from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
 from scheduler.policies import make_policy
 from scheduler.profile import scaled
 from scheduler.state import SchedulerState
-from scheduler.types import Request
+from scheduler.types import Request, Step
 from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
@@ -86,6 +86,7 @@ class Runtime:
         policy: str = "dp-tardy",
         clock: Clock = monotonic_ms,
         max_queued: int = 1000,
+        memory_bytes: float | None = None,
         channels_last: bool = True,
         estimate_ttl_ms: float = 250.0,
         calibrate: bool = True,
@@ -98,7 +99,10 @@ class Runtime:
         self._steps_since_check = 0
         self.models = dict(models)
         self.executor = Executor(deployment, models, channels_last=channels_last)
-        self.engine = Engine(deployment, make_policy(policy), timer=time.perf_counter)
+        self.memory_bytes = memory_bytes  # activation budget (stacking stays within it)
+        self.engine = Engine(
+            deployment, make_policy(policy, memory_bytes=memory_bytes), timer=time.perf_counter
+        )
         self.policy_name = policy
         self.clock = clock
         self.max_queued = max_queued
@@ -113,6 +117,8 @@ class Runtime:
         self._cancel: threading.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._exec_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-exec")
+        self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-stack")
+        self._side_task: asyncio.Task[None] | None = None
         self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="layerbatch-decode")
         self._estimates: dict[tuple[str, int], tuple[float, float | None]] = {}
         self._replan_soon = False
@@ -148,6 +154,7 @@ class Runtime:
         for rid in list(self.pending):
             self._answer(rid, "dropped", reason="the server stopped")
         self._exec_pool.shutdown(wait=True)
+        self._side_pool.shutdown(wait=True)
         self._decode_pool.shutdown(wait=False)
         self.executor.close()
 
@@ -159,7 +166,7 @@ class Runtime:
         return self.models[self.deployment.apps[app].models[0]].spec
 
     def set_policy(self, name: str) -> None:
-        self.engine.set_policy(make_policy(name))
+        self.engine.set_policy(make_policy(name, memory_bytes=self.memory_bytes))
         self.policy_name = name
         self._estimates.clear()
         self._wake()
@@ -237,6 +244,7 @@ class Runtime:
             and self.engine.wants_preemption()
         ):
             self._cancel.set()
+        self._start_beside()
         self._wake()
 
     def forget(self, rid: str) -> None:
@@ -298,6 +306,7 @@ class Runtime:
                     self._record_plans()
                     self._answer_drops(drops)
                     self._arm_deadline_timer()
+                    self._start_beside()
                 if step is None:
                     if wake is not None:
                         loop.call_later(max(0.0, (wake - now) / 1000.0), self._wake)
@@ -353,6 +362,52 @@ class Runtime:
         for r in self.engine.finish(done):
             if r.id in progress.finished:
                 self._answer(r.id, "ok", output=progress.finished[r.id])
+
+    def _start_beside(self) -> None:
+        """Start the newest plan's stacked action (`Plan.beside`) on the second lane, if it has
+        one and that lane is free: it runs on its own thread beside the running step."""
+        step = self.engine.next_beside(self.clock())
+        if step is None:
+            return
+        started = self.clock()
+        for rid in step.action.request_ids:
+            p = self.pending.get(rid)
+            if p is not None and p.first_run_ms is None:
+                p.first_run_ms = started
+        self._side_task = asyncio.get_running_loop().create_task(self._execute_beside(step))
+
+    async def _execute_beside(self, step: Step) -> None:
+        action = step.action
+        loop = asyncio.get_running_loop()
+        started = self.clock()
+        try:
+            progress = await loop.run_in_executor(
+                self._side_pool, self.executor.run_on_stream, action, None
+            )
+        except Exception as exc:  # fail this action's requests, keep serving the rest
+            self.engine.finish_beside(0)
+            ids = list(action.request_ids)
+            self.engine.remove(ids)
+            self.executor.drop(ids)
+            for rid in ids:
+                self._answer(rid, "error", reason=f"running {action.model} stacked failed: {exc}")
+            self._wake()
+            return
+        ended = self.clock()
+        done = progress.stages_done
+        self.metrics.stacked += 1
+        self.metrics.ran(
+            action.model, range(action.stages[0], action.stages[0] + done), action.batch_size
+        )
+        for rid in action.request_ids:
+            p = self.pending.get(rid)
+            if p is not None and done:
+                p.exec_ms += ended - started
+                p.batch_sizes.append(action.batch_size)
+        for r in self.engine.finish_beside(done):
+            if r.id in progress.finished:
+                self._answer(r.id, "ok", output=progress.finished[r.id])
+        self._replan_now()
 
     def _calibrate(self, measured_ms: float, profiled_ms: float) -> None:
         """Fold in one step's measured and base-profile times (EWMAs of each, so the factor is
@@ -446,6 +501,7 @@ class Runtime:
                 "on_time": dict(self.metrics.on_time),
                 "dropped": dict(self.metrics.dropped),
                 "preempted": self.metrics.preempted,
+                "stacked": self.metrics.stacked,
             },
             "store_bytes": self.executor.store.nbytes(),
             "time_scale": round(self.time_scale, 3),

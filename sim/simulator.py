@@ -1,12 +1,16 @@
 """Discrete-event simulator: the same scheduler, a profiled executor (DESIGN.md).
 
 Events sit in a heap keyed (time_ms, priority, seq): at equal times a finishing step is handled
-before an arrival, and an arrival before a wake-up. The device runs one step (a layer group of the
+before an arrival, and an arrival before a wake-up; arrivals at the same time are admitted
+together and planned for once (a task of several queries, as the server does for arrivals in one
+loop iteration). The device runs one step (a layer group of the
 first action of the newest plan) at a time, each stage for exactly its profiled latency; the engine
 re-plans at every arrival and after every step. When a plan made on an arrival no longer starts
 with the running step, the step stops at its next stage boundary, as the server's executor does
-at its exit check (`scheduler.engine`). Nothing here reads a clock except the optional `timer`
-used to measure planning time, which never changes what is simulated.
+at its exit check (`scheduler.engine`). A plan may put an action on a second lane beside the
+running step (stacking); while both lanes run, each is slowed by its profiled stacking slowdown
+(`sim.lanes`). Nothing here reads a clock except the optional `timer` used to measure planning
+time, which never changes what is simulated.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from dataclasses import dataclass, field
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.types import Request, Scheduler
+from sim.lanes import Lane, slowdown
 from sim.workload import Workload
 
-STEP_DONE, ARRIVAL, WAKE = 0, 1, 2
+STEP_DONE, BESIDE_DONE, ARRIVAL, WAKE = 0, 1, 2, 3
 
 
 @dataclass
@@ -61,6 +66,10 @@ def simulate(
     heapq.heapify(heap)
     wake_at: float | None = None
     token = 0  # identifies the live STEP_DONE event; a cancelled step's old one goes stale
+    side_token = 0  # the same for BESIDE_DONE
+    main: Lane | None = None
+    side: Lane | None = None
+    cut: int | None = None  # stages the main step stops after, when it was preempted
 
     def note(t: float, kind: str, detail: str) -> None:
         if out.log is not None:
@@ -76,31 +85,72 @@ def simulate(
         heapq.heappush(heap, (t, kind, seq, payload))
         seq += 1
 
+    def retime(now: float) -> None:
+        """The set of running models changed: new stage end times, new done events."""
+        nonlocal token, side_token
+        if main is not None:
+            before = main.end_ms
+            main.retime(now, slowdown(deployment, main.model, side.model if side else None))
+            if main.end_ms != before and cut is None:
+                token += 1
+                push(main.end_ms, STEP_DONE, (token, len(main.ends_ms)))
+            elif cut is not None:
+                token += 1
+                push(main.ends_ms[cut - 1] if cut else now, STEP_DONE, (token, cut))
+        if side is not None:
+            before = side.end_ms
+            side.retime(now, slowdown(deployment, side.model, main.model if main else None))
+            if side.end_ms != before:
+                side_token += 1
+                push(side.end_ms, BESIDE_DONE, (side_token, len(side.ends_ms)))
+
     def try_start(now: float) -> None:
-        nonlocal wake_at, token
+        nonlocal wake_at, token, main, cut
         step, wake, drops = engine.next_step(now)
         record_drops(drops)
         if step is not None:
             a = step.action
             note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
+            main, cut = Lane.start(step), None
             token += 1
             push(step.end_ms, STEP_DONE, (token, len(step.stage_end_ms)))
+            retime(now)
         elif wake is not None and wake != wake_at:
             wake_at = wake
             push(wake, WAKE, None)
+        try_beside(now)
+
+    def try_beside(now: float) -> None:
+        nonlocal side, side_token
+        step = engine.next_beside(now)
+        if step is None:
+            return
+        a = step.action
+        note(now, "stack", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
+        side = Lane.start(step)
+        side_token += 1
+        push(step.end_ms, BESIDE_DONE, (side_token, len(step.stage_end_ms)))
+        retime(now)
 
     def preempt(now: float) -> None:
         """The newest plan no longer starts with the running step: it stops at the next stage
         boundary (the stage running now finishes)."""
-        nonlocal token
-        step = engine.running
-        assert step is not None
-        done = step.stages_done_by(now)
-        end = step.stage_end_ms[done - 1] if done else now
-        if end < step.end_ms:
+        nonlocal token, cut
+        assert main is not None
+        done = main.stages_done_by(now)
+        end = main.ends_ms[done - 1] if done else now
+        if end < main.end_ms:
+            cut = done
             token += 1
             push(end, STEP_DONE, (token, done))
-            note(now, "cut", f"{step.action.model} after {done} of {len(step.stage_end_ms)}")
+            note(now, "cut", f"{main.model} after {done} of {len(main.ends_ms)}")
+
+    def finished(now: float, requests: list[Request]) -> None:
+        for r in requests:
+            out.latency_ms[r.id] = now - arrival[r.id]
+            if now <= deadline[r.id]:
+                out.on_time.add(r.id)
+            note(now, "done", r.id)
 
     while heap:
         now, kind, _, payload = heapq.heappop(heap)
@@ -108,31 +158,57 @@ def simulate(
             assert isinstance(payload, tuple)
             live, done = payload
             if live != token:
-                continue  # the step was cancelled and ends earlier
+                continue  # the step was cancelled or re-timed and ends at another time
             out.end_ms = now
-            step = engine.running
-            assert step is not None
-            a = step.action
-            out.busy_ms += now - step.start_ms
+            assert main is not None
+            a = main.step.action
+            out.busy_ms += now - main.step.start_ms
             for k in range(a.stages[0], a.stages[0] + done):
                 out.batches[(a.model, k)].append(a.batch_size)
-            for r in engine.finish(done):
-                out.latency_ms[r.id] = now - arrival[r.id]
-                if now <= deadline[r.id]:
-                    out.on_time.add(r.id)
-                note(now, "done", r.id)
+            main = None
+            finished(now, engine.finish(done))
+            retime(now)
             try_start(now)
+        elif kind == BESIDE_DONE:
+            assert isinstance(payload, tuple)
+            live, done = payload
+            if live != side_token:
+                continue
+            out.end_ms = now
+            assert side is not None
+            a = side.step.action
+            for k in range(a.stages[0], a.stages[0] + done):
+                out.batches[(a.model, k)].append(a.batch_size)
+            side = None
+            finished(now, engine.finish_beside(done))
+            retime(now)
+            if engine.running is None:
+                try_start(now)
+            else:
+                record_drops(engine.replan(now))
+                if engine.wants_preemption():
+                    preempt(now)
+                try_beside(now)
         elif kind == ARRIVAL:
             out.end_ms = now
             assert isinstance(payload, Request)
-            arrival[payload.id] = payload.arrival_ms
-            deadline[payload.id] = payload.deadline_ms
-            note(now, "arrive", payload.id)
-            record_drops(engine.admit(payload, now))
+            batch = [payload]  # arrivals at the same time are admitted together, one plan
+            while heap and heap[0][0] == now and heap[0][1] == ARRIVAL:
+                nxt = heapq.heappop(heap)[3]
+                assert isinstance(nxt, Request)
+                batch.append(nxt)
+            for r in batch:
+                arrival[r.id] = r.arrival_ms
+                deadline[r.id] = r.deadline_ms
+                note(now, "arrive", r.id)
+                engine.add(r)
+            record_drops(engine.replan(now))
             if engine.running is None:
                 try_start(now)
-            elif engine.wants_preemption():
-                preempt(now)
+            else:
+                if engine.wants_preemption():
+                    preempt(now)
+                try_beside(now)
         elif engine.running is None:
             out.end_ms = now
             wake_at = None

@@ -232,17 +232,19 @@ def test_timer_measures_each_plan(d: Deployment) -> None:
 
 
 class Recorder:
-    """A policy wrapper that keeps every (requests, now, plan) the engine asked for."""
+    """A policy wrapper that keeps every (state, now, plan) the engine asked for: the requests
+    and what the device was doing (the running step, the step beside it)."""
 
     def __init__(self, name: str) -> None:
         self.inner = make_policy(name)
         self.name = name
-        self.calls: list[tuple[list[Request], float, Plan]] = []
+        self.calls: list[tuple[list[Request], Any, float, Plan]] = []
 
     def plan(self, state: SchedulerState, now_ms: float) -> Plan:
         before = state.requests()
+        busy = (state.running, state.beside)
         result = self.inner.plan(state, now_ms)
-        self.calls.append((before, now_ms, result))
+        self.calls.append((before, busy, now_ms, result))
         return result
 
 
@@ -257,8 +259,10 @@ def test_engine_plans_equal_policy_plans_on_the_same_state(d: Deployment, policy
     assert len(rec.calls) > 100
     assert len(out.latency_ms) + len(out.dropped) == 120
     mismatches: list[Any] = []
-    for requests, now_ms, plan in rec.calls:
-        fresh = make_policy(policy).plan(SchedulerState(d, requests), now_ms)
+    for requests, busy, now_ms, plan in rec.calls:
+        state = SchedulerState(d, requests)
+        state.running, state.beside = busy
+        fresh = make_policy(policy).plan(state, now_ms)
         if fresh != plan:
             mismatches.append((now_ms, plan, fresh))
     assert mismatches == []

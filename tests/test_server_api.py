@@ -361,7 +361,13 @@ async def test_status_shows_policy_queue_per_stage_and_counters(aiohttp_client: 
     assert doc["accepting"] is True
     assert doc["queued"] == 0 and doc["queue"] == {} and doc["running"] is None
     assert doc["time_scale"] == 1.0
-    assert doc["counters"] == {"answered": {}, "on_time": {}, "dropped": {}, "preempted": 0}
+    assert doc["counters"] == {
+        "answered": {},
+        "on_time": {},
+        "dropped": {},
+        "preempted": 0,
+        "stacked": 0,
+    }
 
     with StageGate(runtime, FACES, 0) as gate:
         gate.close()

@@ -238,13 +238,25 @@ def test_every_request_is_accounted_for_under_overload(googlenet: Deployment, po
     assert min(out.latency_ms.values()) >= solo - 1e-9
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+# tfs waits until the oldest request's latest start, so one arriving while that batch runs can
+# miss even at a low rate (TF-Serving's trade: bigger batches for no slack); it is checked below
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "tfs"])
 def test_low_rate_is_served_on_time_by_every_policy(googlenet: Deployment, policy: str) -> None:
     s = summarise(_run(googlenet, policy, 5, 150))
     assert s["on_time_ratio"] == 1.0
     assert s["completed"] == 150
     assert s["dropped"] == 0
     assert s["p99_ms"] <= 150.0
+
+
+def test_tfs_waits_for_company_and_still_serves_almost_all_at_low_rate(
+    googlenet: Deployment,
+) -> None:
+    tfs = summarise(_run(googlenet, "tfs", 5, 150))
+    dyn = summarise(_run(googlenet, "dynamic", 5, 150))
+    assert tfs["on_time_ratio"] >= 0.95
+    assert tfs["mean_batch"] > dyn["mean_batch"]
+    assert tfs["mean_ms"] > 5 * dyn["mean_ms"]
 
 
 def test_nexus_trades_latency_for_batches_at_low_rate(googlenet: Deployment) -> None:

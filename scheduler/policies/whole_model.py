@@ -12,6 +12,10 @@ nexus:   the batch size for a model is the largest b <= B with 2 * T(b) <= the r
   would make the oldest miss its budget (`Action.not_before_ms`). Requests past a model's first
   stage (a batch the runtime has started, or requests a client pre-processed) and requests
   without a deadline never wait.
+tfs:     TF-Serving's batching (the Irina paper's baseline, section 4): per model, wait for as
+  many requests as the deadline allows, then run the whole batch: the batch starts when B
+  requests wait, or at the latest time the oldest could still finish by its deadline in a full
+  batch of B (`Action.not_before_ms`), whichever comes first.
 """
 
 from __future__ import annotations
@@ -43,6 +47,51 @@ class Dynamic:
 class Nexus(Dynamic):
     name = "nexus"
     waits = True
+
+
+class Tfs:
+    """Objective reported: total completion time (ms) of the plan."""
+
+    name = "tfs"
+
+    def plan(self, state: SchedulerState, now_ms: float) -> Plan:
+        live, drops = split_expired(state, now_ms)
+        actions = _tfs_schedule(state.deployment, live, now_ms)
+        return finish_plan(state, now_ms, actions, drops, policy=self.name)
+
+
+def _tfs_schedule(d: Deployment, live: list[Request], now_ms: float) -> list[Action]:
+    """Whole-model batches, oldest model first, each as late as its oldest request allows."""
+    pos = {r.id: r.position for r in live}
+    req = {r.id: r for r in live}
+    t = now_ms
+    actions: list[Action] = []
+    while pos:
+        queues: dict[tuple[str, int], list[Request]] = defaultdict(list)
+        for rid, p in pos.items():
+            queues[d.locate(req[rid].app, p)].append(req[rid])
+        for q in queues.values():
+            q.sort(key=arrival_order)
+        (model, stage), queue = min(queues.items(), key=lambda kv: arrival_order(kv[1][0]))
+        n_stages = d.profiles[model].num_stages
+        batch = queue[: d.batch_limit(model)]
+        start = t
+        oldest = batch[0]
+        if len(batch) < d.batch_limit(model) and math.isfinite(oldest.deadline_ms):
+            full = d.run_ms(model, stage, n_stages, d.batch_limit(model))
+            latest = oldest.deadline_ms - full - SLACK_MS
+            start = max(t, latest)
+        not_before = start if start > t else None
+        actions.append(Action(model, (stage, n_stages), tuple(r.id for r in batch), not_before))
+        t = start + d.run_ms(model, stage, n_stages, len(batch))
+        for r in batch:
+            link = d.link_of(r.app, model)
+            assert link is not None
+            if link.end >= d.app_length(r.app):
+                del pos[r.id]
+            else:
+                pos[r.id] = link.end
+    return actions
 
 
 def _whole_model_schedule(
