@@ -65,12 +65,20 @@ def _describe_device(device: TorchDevice, frames: Sequence[Frame]) -> None:
     )
 
 
-def client_command(ns: argparse.Namespace) -> int:
+def _checked_inputs(ns: argparse.Namespace, verb: str) -> Any:
+    """`_inputs`, or None after saying in one line what is wrong."""
     try:
-        model, frames, uplink, downlink = _inputs(ns)
+        return _inputs(ns)
     except ValueError as exc:
-        print(f"layerbatch client: {exc}", file=sys.stderr)
+        print(f"layerbatch {verb}: {exc}", file=sys.stderr)
+        return None
+
+
+def client_command(ns: argparse.Namespace) -> int:
+    inputs = _checked_inputs(ns, "client")
+    if inputs is None:
         return 2
+    model, frames, uplink, downlink = inputs
     records = asyncio.run(_client(ns, model, frames, uplink, downlink))
     doc: dict[str, Any] = {"summary": summary(records), "records": [r.as_json() for r in records]}
     _print_summary(doc["summary"])
@@ -121,11 +129,10 @@ async def _client(
 
 
 def loadgen_command(ns: argparse.Namespace) -> int:
-    try:
-        model, frames, uplink, downlink = _inputs(ns)
-    except ValueError as exc:
-        print(f"layerbatch loadgen: {exc}", file=sys.stderr)
+    inputs = _checked_inputs(ns, "loadgen")
+    if inputs is None:
         return 2
+    model, frames, uplink, downlink = inputs
     device = TorchDevice(model, lambda: 0.0, ns.client_slowdown, ns.client_threads)
     _describe_device(device, frames)
     device.close()

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from layerexec.executor import Executor, ShapeError
+from layerexec.executor import Executor, Progress, ShapeError
 from layerexec.zoo import ModelSpec, StagedModel
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
@@ -351,17 +351,7 @@ class Runtime:
             predicted = max(step.end_ms - step.start_ms, 1e-6)
             self.metrics.step_ratio.observe((ended - started) / predicted)
             self._calibrate(ended - started, predicted / self.time_scale)
-        self.metrics.ran(
-            action.model, range(action.stages[0], action.stages[0] + done), action.batch_size
-        )
-        for rid in action.request_ids:
-            p = self.pending.get(rid)
-            if p is not None and done:
-                p.exec_ms += ended - started
-                p.batch_sizes.append(action.batch_size)
-        for r in self.engine.finish(done):
-            if r.id in progress.finished:
-                self._answer(r.id, "ok", output=progress.finished[r.id])
+        self._account(progress, ended - started, self.engine.finish(done))
 
     def _start_beside(self) -> None:
         """Start the newest plan's stacked action (`Plan.beside`) on the second lane, if it has
@@ -396,18 +386,24 @@ class Runtime:
         ended = self.clock()
         done = progress.stages_done
         self.metrics.stacked += 1
+        self._account(progress, ended - started, self.engine.finish_beside(done))
+        self._replan_now()
+
+    def _account(self, progress: Progress, took_ms: float, finished: list[Request]) -> None:
+        """Metrics and per-request times of an executed action; answer the requests it
+        finished (`finished`: what the engine says finished their app)."""
+        action, done = progress.action, progress.stages_done
         self.metrics.ran(
             action.model, range(action.stages[0], action.stages[0] + done), action.batch_size
         )
         for rid in action.request_ids:
             p = self.pending.get(rid)
             if p is not None and done:
-                p.exec_ms += ended - started
+                p.exec_ms += took_ms
                 p.batch_sizes.append(action.batch_size)
-        for r in self.engine.finish_beside(done):
+        for r in finished:
             if r.id in progress.finished:
                 self._answer(r.id, "ok", output=progress.finished[r.id])
-        self._replan_now()
 
     def _calibrate(self, measured_ms: float, profiled_ms: float) -> None:
         """Fold in one step's measured and base-profile times (EWMAs of each, so the factor is

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Literal
 
 from scheduler.deployment import Deployment
 from scheduler.policies.common import arrival_order, split_expired
@@ -32,11 +33,14 @@ from scheduler.types import Action, Plan, Request
 SLACK_MS = 1e-6  # aim this much before the budget's end, so rounding never makes it late
 
 
+Waiting = Literal["never", "nexus", "tfs"]
+
+
 class Dynamic:
     """Objective reported: total completion time (ms) of the plan."""
 
     name = "dynamic"
-    waits = False
+    waits: Waiting = "never"
 
     def plan(self, state: SchedulerState, now_ms: float) -> Plan:
         live, drops = split_expired(state, now_ms)
@@ -46,56 +50,16 @@ class Dynamic:
 
 class Nexus(Dynamic):
     name = "nexus"
-    waits = True
+    waits = "nexus"
 
 
-class Tfs:
-    """Objective reported: total completion time (ms) of the plan."""
-
+class Tfs(Dynamic):
     name = "tfs"
-
-    def plan(self, state: SchedulerState, now_ms: float) -> Plan:
-        live, drops = split_expired(state, now_ms)
-        actions = _tfs_schedule(state.deployment, live, now_ms)
-        return finish_plan(state, now_ms, actions, drops, policy=self.name)
-
-
-def _tfs_schedule(d: Deployment, live: list[Request], now_ms: float) -> list[Action]:
-    """Whole-model batches, oldest model first, each as late as its oldest request allows."""
-    pos = {r.id: r.position for r in live}
-    req = {r.id: r for r in live}
-    t = now_ms
-    actions: list[Action] = []
-    while pos:
-        queues: dict[tuple[str, int], list[Request]] = defaultdict(list)
-        for rid, p in pos.items():
-            queues[d.locate(req[rid].app, p)].append(req[rid])
-        for q in queues.values():
-            q.sort(key=arrival_order)
-        (model, stage), queue = min(queues.items(), key=lambda kv: arrival_order(kv[1][0]))
-        n_stages = d.profiles[model].num_stages
-        batch = queue[: d.batch_limit(model)]
-        start = t
-        oldest = batch[0]
-        if len(batch) < d.batch_limit(model) and math.isfinite(oldest.deadline_ms):
-            full = d.run_ms(model, stage, n_stages, d.batch_limit(model))
-            latest = oldest.deadline_ms - full - SLACK_MS
-            start = max(t, latest)
-        not_before = start if start > t else None
-        actions.append(Action(model, (stage, n_stages), tuple(r.id for r in batch), not_before))
-        t = start + d.run_ms(model, stage, n_stages, len(batch))
-        for r in batch:
-            link = d.link_of(r.app, model)
-            assert link is not None
-            if link.end >= d.app_length(r.app):
-                del pos[r.id]
-            else:
-                pos[r.id] = link.end
-    return actions
+    waits = "tfs"
 
 
 def _whole_model_schedule(
-    d: Deployment, live: list[Request], now_ms: float, waits: bool
+    d: Deployment, live: list[Request], now_ms: float, waits: Waiting
 ) -> list[Action]:
     pos = {r.id: r.position for r in live}
     req = {r.id: r for r in live}
@@ -112,7 +76,11 @@ def _whole_model_schedule(
         size = d.batch_limit(model)
         start = t
         share_ms, budget_end = _budget_ms(d, queue[0], model)
-        if waits and stage == 0 and math.isfinite(budget_end):
+        oldest = queue[0]
+        if waits == "tfs" and len(queue) < size and math.isfinite(oldest.deadline_ms):
+            full = d.run_ms(model, stage, n_stages, size)
+            start = max(t, oldest.deadline_ms - full - SLACK_MS)
+        elif waits == "nexus" and stage == 0 and math.isfinite(budget_end):
             size = _nexus_batch(d, model, stage, share_ms)
             if len(queue) < size:
                 latest = budget_end - d.run_ms(model, stage, n_stages, len(queue)) - SLACK_MS
