@@ -1,7 +1,7 @@
 """layerbatch: the one command line (`layerbatch <verb>`, also `python -m layerbatch`).
 
 Verbs: demo, schedule, sim, sim capacity, profiles, profile, models, serve, client, loadgen,
-linkshell, traces. A mistake in a file or a flag ends the
+linkshell, traces, plan. A mistake in a file or a flag ends the
 command with one line naming it and exit status 2.
 """
 
@@ -193,6 +193,18 @@ def parser() -> argparse.ArgumentParser:
     )
     shell.add_argument("--upstream", default="127.0.0.1:8080", help="HOST:PORT of the server")
     shell.set_defaults(func=cmd_linkshell)
+
+    cost = sub.add_parser(
+        "plan", help="what to rent in the cloud at minimum cost (Harpagon/Piccolo)"
+    )
+    cost.add_argument("--workload", required=True, help="workload JSON (hardware, modules, apps)")
+    cost.add_argument("--system", choices=("harpagon", "piccolo"), default="harpagon")
+    cost.add_argument("--dispatch", choices=("tc", "rr", "machine", "2d"), default=None)
+    cost.add_argument("--configs", choices=("1", "2", "any"), default="any")
+    cost.add_argument("--no-dummy", action="store_true", help="no dummy requests (Theorem 2)")
+    cost.add_argument("--no-reassign", action="store_true", help="no latency reassigner")
+    cost.add_argument("--json", action="store_true", help="the plan document as JSON")
+    cost.set_defaults(func=cmd_plan)
 
     traces = sub.add_parser("traces", help="list the network traces shipped with layerbatch")
     traces.set_defaults(func=cmd_traces)
@@ -809,6 +821,33 @@ def cmd_traces(ns: argparse.Namespace) -> int:
         print(
             f"{name:<32} {t.period_ms / 1000:7.1f} s  mean {t.mean_mbps():6.2f} Mbit/s  {path.name}"
         )
+    return 0
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from scheduler.cloud import parse_workload, plan
+    from scheduler.validate import read_json
+
+    workload = parse_workload(read_json(ns.workload, "workload"), ns.workload)
+    t0 = time.perf_counter()
+    doc = plan(
+        workload, ns.system, dispatch=ns.dispatch,
+        max_configs=None if ns.configs == "any" else int(ns.configs),
+        dummy=not ns.no_dummy, reassign=not ns.no_reassign,
+    )  # fmt: skip
+    doc["runtime_ms"] = round((time.perf_counter() - t0) * 1000.0, 3)
+    if ns.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"cost {doc['cost']:.3f} per unit time, planned in {doc['runtime_ms']} ms")
+    for app, latency in doc["e2e_latency_s"].items():
+        print(f"  app {app}: end-to-end worst case {latency:.3f} s")
+    for name, m in doc["modules"].items():
+        configs = ", ".join(
+            f"{c['machines']:g} x {c['hardware']} b{c['batch']} c{c['concurrency']}"
+            for c in m["configs"]
+        )
+        print(f"  {name}: budget {m['budget_s']:.3f} s, worst {m['wcl_s']:.3f} s: {configs}")
     return 0
 
 

@@ -1,0 +1,239 @@
+"""Configuration sets for one module at one rate under one latency budget (Harpagon §III-C).
+
+Algorithm 1 (GenerateConfig), generalised to any dispatch model and an optional tuple limit K:
+    P_M = configurations (hardware x batch x concurrency) sorted by t / p descending
+    rw <- T_M; k <- 0
+    while rw > 0:
+        c <- P_M[k]; n <- rw / t_c
+        if this is the K-th tuple: take all of rw with the first c' = P_M[k'], k' >= k, whose
+            floor(n) full machines and partial machine all meet L_M; stop
+        if n >= 1 and a full machine of c meets L_M (tc: d + b / rw):  floor(n) machines of c
+        elif n < 1 and a partial machine of c meets L_M (tc: d + b / rw):  one machine at n
+        else k <- k + 1 (no configuration left: infeasible)
+With TC dispatch, rw is exactly the collection rate of the group taking it (the rate dispatched
+to it and after it), so the step checks agree with Theorem 1 on the finished set.
+
+Dummy requests (Theorem 2): for the set ordered by t / p with leftover workload
+u_i = sum_{j > i} f_j, try T_M + dum_i with dum_i = t_i - u_i (Harpagon) or
+dum_i = b_i / (L_M - d_i) - u_i (Piccolo), re-run Algorithm 1 and keep the cheapest set. When
+Algorithm 1 is left with a residual no configuration can take (a tiny remainder collects too
+slowly under TC), it takes the cheaper of: the last full tuple taking one more machine padded
+with t_i - rw dummy requests per second (only if dummy requests are allowed), and backtracking
+(that tuple gets one machine fewer; Algorithm 1 goes on from the next configuration).
+Complexity: O(|P_M| log |P_M|) to sort, O(|P_M|^2) per run of Algorithm 1 with backtracking,
+K + 1 runs in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from scheduler.cloud.latency import (
+    REL_TOL,
+    Assignment,
+    Dispatch,
+    assignment_latencies_s,
+    fits,
+    machine_latency_s,
+    module_latency_s,
+    set_cost,
+    tc_order,
+    whole_machines,
+)
+from scheduler.cloud.workload import Config
+
+DummyRule = Literal["harpagon", "piccolo", "none"]
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """A module's configuration set: assignments in TC order, `dummy_rps` of padding included in
+    their rates, `cost` (sum of price x rate / throughput) and worst case `wcl_s` (<= the budget
+    it was made for, up to the tolerance of `fits`)."""
+
+    assignments: tuple[Assignment, ...]
+    dummy_rps: float
+    cost: float
+    wcl_s: float
+
+
+def by_throughput_per_price(profile: Sequence[Config]) -> list[Config]:
+    """P_M in Algorithm 1's order: t / p descending, ties by shorter duration, then by name."""
+    return sorted(
+        profile,
+        key=lambda c: (-c.throughput_per_price, c.duration_s, c.hardware, c.batch, c.concurrency),
+    )
+
+
+def _takes_all(c: Config, rate_rps: float, budget_s: float, dispatch: Dispatch) -> bool:
+    """Whether `c` can carry `rate_rps` on its own (full machines and the partial one)."""
+    lat = assignment_latencies_s([Assignment(c, rate_rps)], dispatch)[0][1]
+    return fits(lat, budget_s)
+
+
+def generate_configs(
+    ordered: Sequence[Config],
+    rate_rps: float,
+    budget_s: float,
+    dispatch: Dispatch,
+    max_tuples: int | None = None,
+    pad_residual: bool = False,
+) -> tuple[list[Assignment], float] | None:
+    """Algorithm 1 on `ordered` (from `by_throughput_per_price`) for `rate_rps` > 0.
+
+    Returns (assignments in TC order, dummy rps added by residual padding) or None when no set
+    is found. Guaranteed: rates sum to rate_rps + dummy, at most `max_tuples` distinct
+    configurations, and the set's worst case under `dispatch` fits `budget_s`."""
+    eps = REL_TOL * max(rate_rps, 1.0)
+    return _greedy(ordered, [], rate_rps, 0, budget_s, dispatch, max_tuples, pad_residual, eps)
+
+
+def _greedy(
+    ordered: Sequence[Config],
+    out: list[Assignment],
+    rw: float,
+    k: int,
+    budget_s: float,
+    dispatch: Dispatch,
+    max_tuples: int | None,
+    pad_residual: bool,
+    eps: float,
+) -> tuple[list[Assignment], float] | None:
+    """Algorithm 1 from state (out, rw, k); on a residual nothing takes, the cheaper of padding
+    it (if allowed) and backtracking (one machine fewer in the last tuple, later configs)."""
+    while rw > eps:
+        if max_tuples is not None and len(out) == max_tuples - 1:
+            for c in ordered[k:]:
+                if _takes_all(c, rw, budget_s, dispatch):
+                    _append(out, c, rw)
+                    return out, 0.0
+            return _stuck(ordered, out, rw, budget_s, dispatch, max_tuples, pad_residual, eps)
+        c = ordered[k]
+        t = c.throughput_rps
+        full = whole_machines(rw, t)
+        if full >= 1:
+            if fits(machine_latency_s(c, rw, True, full * t, dispatch), budget_s):
+                _append(out, c, full * t)
+                rw -= full * t
+                continue
+        elif fits(machine_latency_s(c, rw, False, rw, dispatch), budget_s):
+            _append(out, c, rw)
+            rw = 0.0
+            continue
+        k += 1
+        if k >= len(ordered):
+            return _stuck(ordered, out, rw, budget_s, dispatch, max_tuples, pad_residual, eps)
+    return out, 0.0
+
+
+def _stuck(
+    ordered: Sequence[Config],
+    out: list[Assignment],
+    rw: float,
+    budget_s: float,
+    dispatch: Dispatch,
+    max_tuples: int | None,
+    pad_residual: bool,
+    eps: float,
+) -> tuple[list[Assignment], float] | None:
+    options: list[tuple[list[Assignment], float]] = []
+    if pad_residual:
+        padded = _pad(list(out), rw)
+        if padded is not None:
+            options.append(padded)
+    if out:
+        last = out[-1]
+        t = last.config.throughput_rps
+        fewer = list(out[:-1])
+        if last.rate_rps - t > eps:
+            fewer.append(Assignment(last.config, last.rate_rps - t))
+        retry = _greedy(
+            ordered,
+            fewer,
+            rw + t,
+            ordered.index(last.config) + 1,
+            budget_s,
+            dispatch,
+            max_tuples,
+            pad_residual,
+            eps,
+        )
+        if retry is not None:
+            options.append(retry)
+    return min(options, key=lambda o: set_cost(o[0]), default=None)
+
+
+def _append(out: list[Assignment], c: Config, rate_rps: float) -> None:
+    """Add `rate_rps` at `c`, merging with the previous tuple when it is the same configuration
+    (its partial machine then comes after its full siblings, as TC dispatch orders them)."""
+    if out and out[-1].config == c:
+        out[-1] = Assignment(c, out[-1].rate_rps + rate_rps)
+    else:
+        out.append(Assignment(c, rate_rps))
+
+
+def _pad(out: list[Assignment], rw: float) -> tuple[list[Assignment], float] | None:
+    """Give the unplaceable residual `rw` to one more machine of the last (full) tuple."""
+    if not out:
+        return None
+    last = out[-1]
+    t = last.config.throughput_rps
+    out[-1] = Assignment(last.config, last.rate_rps + t)
+    return out, t - rw
+
+
+def schedule_module(
+    profile: Sequence[Config],
+    rate_rps: float,
+    budget_s: float,
+    dispatch: Dispatch = "tc",
+    max_tuples: int | None = None,
+    dummy: DummyRule = "harpagon",
+) -> ModulePlan | None:
+    """The cheapest of Algorithm 1's set and its dummy-request variants (Theorem 2).
+
+    Returns None when no configuration set meets `budget_s` at `rate_rps` (with `dummy` "none",
+    also when a residual cannot be placed). Guaranteed: `wcl_s` fits `budget_s`."""
+    ordered = by_throughput_per_price(profile)
+    pad = dummy != "none"
+    base = generate_configs(ordered, rate_rps, budget_s, dispatch, max_tuples, pad)
+    if base is None:
+        return None
+    best = _module_plan(base[0], base[1], dispatch)
+    if dummy != "none":
+        ranked = tc_order(best.assignments)
+        for i, a in enumerate(ranked):
+            leftover_rps = sum(b.rate_rps for b in ranked[i + 1 :])
+            if leftover_rps <= REL_TOL * rate_rps:
+                continue
+            c = a.config
+            if dummy == "harpagon":
+                dum_rps = c.throughput_rps - leftover_rps
+            elif budget_s > c.duration_s:
+                dum_rps = c.batch / (budget_s - c.duration_s) - leftover_rps
+            else:
+                continue
+            if dum_rps <= REL_TOL * rate_rps:
+                continue
+            cand = generate_configs(
+                ordered, rate_rps + dum_rps, budget_s, dispatch, max_tuples, pad
+            )
+            if cand is None:
+                continue
+            plan = _module_plan(cand[0], dum_rps + cand[1], dispatch)
+            if plan.cost < best.cost - REL_TOL * max(best.cost, 1.0):
+                best = plan
+    assert fits(best.wcl_s, budget_s), "configuration set exceeds its latency budget"
+    return best
+
+
+def _module_plan(assignments: list[Assignment], dummy_rps: float, dispatch: Dispatch) -> ModulePlan:
+    ordered = tc_order(assignments)
+    return ModulePlan(
+        assignments=tuple(ordered),
+        dummy_rps=dummy_rps,
+        cost=set_cost(ordered),
+        wcl_s=module_latency_s(ordered, dispatch),
+    )

@@ -1,0 +1,84 @@
+"""`layerbatch plan`: a workload file in, the plan document out; bad files refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import layerbatch
+
+WORKLOAD = {
+    "hardware": {"P100": {"price": 1.0}, "V100": {"price": 1.8}},
+    "modules": {
+        "M1": {
+            "profile": [
+                {"hardware": "P100", "batch": 2, "concurrency": 1, "duration_s": 0.16},
+                {"hardware": "P100", "batch": 8, "concurrency": 1, "duration_s": 0.4},
+                {"hardware": "V100", "batch": 8, "concurrency": 1, "duration_s": 0.2},
+            ]
+        },
+        "M2": {
+            "profile": [
+                {"hardware": "P100", "batch": 4, "concurrency": 1, "duration_s": 0.2},
+                {"hardware": "V100", "batch": 16, "concurrency": 1, "duration_s": 0.3},
+            ]
+        },
+    },
+    "apps": {"traffic": {"edges": [["M1", "M2"]], "rate_rps": {"M1": 100, "M2": 60}, "slo_s": 1.5}},
+}
+
+
+def write(tmp_path: Path, doc: object) -> str:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_plan_json_fits_the_slo_and_serves_every_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, WORKLOAD), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["e2e_latency_s"]["traffic"] <= 1.5 + 1e-9
+    assert doc["runtime_ms"] >= 0
+    for name, rate in (("M1", 100), ("M2", 60)):
+        m = doc["modules"][name]
+        served = sum(c["rate_rps"] for c in m["configs"])
+        assert served == pytest.approx(rate + m["dummy_rps"])
+    # cost = sum of price x machines (frame-rate proportional machines)
+    price = {"P100": 1.0, "V100": 1.8}
+    total = sum(
+        price[c["hardware"]] * c["machines"] for m in doc["modules"].values() for c in m["configs"]
+    )
+    assert doc["cost"] == pytest.approx(total)
+
+
+def test_one_config_per_module_never_costs_less(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, WORKLOAD)
+    layerbatch.main(["plan", "--workload", path, "--json"])
+    anyc = json.loads(capsys.readouterr().out)["cost"]
+    layerbatch.main(["plan", "--workload", path, "--json", "--configs", "1"])
+    one = json.loads(capsys.readouterr().out)["cost"]
+    assert one >= anyc - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d["apps"]["traffic"]["edges"].append(["M2", "M1"]), "M1 -> M2 -> M1"),
+        (lambda d: d["modules"].pop("M2"), "M2"),
+        (lambda d: d["apps"]["traffic"].__setitem__("slo_s", 0.01), "slo_s"),
+    ],
+)
+def test_bad_workloads_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: object, needle: str
+) -> None:
+    doc = json.loads(json.dumps(WORKLOAD))
+    mutate(doc)  # type: ignore[operator]
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
