@@ -198,11 +198,22 @@ def parser() -> argparse.ArgumentParser:
         "plan", help="what to rent in the cloud at minimum cost (Harpagon/Piccolo)"
     )
     cost.add_argument("--workload", required=True, help="workload JSON (hardware, modules, apps)")
-    cost.add_argument("--system", choices=("harpagon", "piccolo"), default="harpagon")
+    cost.add_argument(
+        "--system",
+        choices=("harpagon", "piccolo", "nexus", "scrooge", "inferline", "clipper", "optimal"),
+        default="harpagon",
+    )
     cost.add_argument("--dispatch", choices=("tc", "rr", "machine", "2d"), default=None)
     cost.add_argument("--configs", choices=("1", "2", "any"), default="any")
     cost.add_argument("--no-dummy", action="store_true", help="no dummy requests (Theorem 2)")
     cost.add_argument("--no-reassign", action="store_true", help="no latency reassigner")
+    cost.add_argument(
+        "--split",
+        default=None,
+        help="lc|throughput|greedy|even|quantized:STEP (default: the system's)",
+    )
+    cost.add_argument("--no-merge", action="store_true", help="no node merger (Algorithm 2)")
+    cost.add_argument("--no-cost-direct", action="store_true", help="no cost-direct iterations")
     cost.add_argument("--json", action="store_true", help="the plan document as JSON")
     cost.set_defaults(func=cmd_plan)
 
@@ -833,7 +844,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     doc = plan(
         workload, ns.system, dispatch=ns.dispatch,
         max_configs=None if ns.configs == "any" else int(ns.configs),
-        dummy=not ns.no_dummy, reassign=not ns.no_reassign,
+        dummy=not ns.no_dummy, reassign=not ns.no_reassign, split=ns.split,
+        merge=False if ns.no_merge else None, cost_direct=False if ns.no_cost_direct else None,
     )  # fmt: skip
     doc["runtime_ms"] = round((time.perf_counter() - t0) * 1000.0, 3)
     if ns.json:

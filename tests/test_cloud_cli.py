@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,32 @@ def test_bad_workloads_are_one_line_and_exit_2(
     assert layerbatch.main(["plan", "--workload", write(tmp_path, doc)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_budgets_along_the_chain_fit_the_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Once M1 0.700 + M2 1.004 s for a 1.5 s SLO: the reassigner gave M1 the slack left by M2's
+    # worst case, not by its budget. budget_s is now the final split: worst case x SLO / path.
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, WORKLOAD), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m1, m2 = doc["modules"]["M1"], doc["modules"]["M2"]
+    assert m1["budget_s"] + m2["budget_s"] <= 1.5 + 1e-9
+    assert m1["wcl_s"] <= m1["budget_s"] and m2["wcl_s"] <= m2["budget_s"]
+    e2e = doc["e2e_latency_s"]["traffic"]
+    assert m1["budget_s"] == pytest.approx(m1["wcl_s"] * 1.5 / e2e)
+
+
+def test_infeasible_slo_names_the_smallest_feasible_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = json.loads(json.dumps(WORKLOAD))
+    doc["apps"]["traffic"]["slo_s"] = 0.01
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err.strip()
+    found = re.search(r"at least ([0-9.]+) s", err)
+    assert found is not None, err
+    doc["apps"]["traffic"]["slo_s"] = float(found.group(1))
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, doc), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["e2e_latency_s"]["traffic"] <= doc["apps"]["traffic"]["slo_s"] + 1e-9

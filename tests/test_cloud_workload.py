@@ -155,7 +155,7 @@ def test_slo_no_configuration_meets_names_smallest() -> None:
 def test_unknown_system_and_dispatch() -> None:
     w = parse_workload(traffic())
     with pytest.raises(InputError, match="harpagon"):
-        plan(w, system="nexus")
+        plan(w, system="triton")
     with pytest.raises(InputError, match="tc"):
         plan(w, dispatch="fifo")  # type: ignore[arg-type]
 

@@ -17,15 +17,16 @@ Dummy requests (Theorem 2): for the set ordered by t / p with leftover workload
 u_i = sum_{j > i} f_j, try T_M + dum_i with dum_i = t_i - u_i (Harpagon) or
 dum_i = b_i / (L_M - d_i) - u_i (Piccolo), re-run Algorithm 1 and keep the cheapest set. When
 Algorithm 1 is left with a residual no configuration can take (a tiny remainder collects too
-slowly under TC), it takes the cheaper of: the last full tuple taking one more machine padded
-with t_i - rw dummy requests per second (only if dummy requests are allowed), and backtracking
+slowly under TC), it takes the cheaper of: the last full tuple taking ceil(rw / t_i) more
+machines padded with dummy requests (only if dummy requests are allowed), and backtracking
 (that tuple gets one machine fewer; Algorithm 1 goes on from the next configuration).
-Complexity: O(|P_M| log |P_M|) to sort, O(|P_M|^2) per run of Algorithm 1 with backtracking,
-K + 1 runs in all.
+Complexity: O(|P_M| log |P_M|) to sort, O(|P_M| (1 + N)) per run of Algorithm 1, N the
+machines it backtracks (one per step, iteratively), K + 1 runs in all.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -87,7 +88,30 @@ def generate_configs(
     is found. Guaranteed: rates sum to rate_rps + dummy, at most `max_tuples` distinct
     configurations, and the set's worst case under `dispatch` fits `budget_s`."""
     eps = REL_TOL * max(rate_rps, 1.0)
-    return _greedy(ordered, [], rate_rps, 0, budget_s, dispatch, max_tuples, pad_residual, eps)
+    out: list[Assignment] = []
+    rw, k = rate_rps, 0
+    options: list[tuple[list[Assignment], float]] = []
+    while True:
+        rw, k, done = _greedy(ordered, out, rw, k, budget_s, dispatch, max_tuples, eps)
+        if done:
+            options.append((out, 0.0))
+            break
+        # Stuck on a residual nothing takes: padding it is one option (if allowed); the other
+        # is backtracking: the last tuple runs one machine fewer and Algorithm 1 goes on from
+        # the next configuration. Each step removes a machine, so this ends.
+        if pad_residual:
+            padded = _pad(list(out), rw)
+            if padded is not None:
+                options.append(padded)
+        if not out:
+            break
+        last = out.pop()
+        t = last.config.throughput_rps
+        if last.rate_rps - t > eps:
+            out.append(Assignment(last.config, last.rate_rps - t))
+        rw += t
+        k = ordered.index(last.config) + 1
+    return min(options, key=lambda o: set_cost(o[0]), default=None)
 
 
 def _greedy(
@@ -98,18 +122,19 @@ def _greedy(
     budget_s: float,
     dispatch: Dispatch,
     max_tuples: int | None,
-    pad_residual: bool,
     eps: float,
-) -> tuple[list[Assignment], float] | None:
-    """Algorithm 1 from state (out, rw, k); on a residual nothing takes, the cheaper of padding
-    it (if allowed) and backtracking (one machine fewer in the last tuple, later configs)."""
+) -> tuple[float, int, bool]:
+    """Algorithm 1 from state (out, rw, k), appending to `out`; returns (residual, next
+    configuration, whether all the rate is placed)."""
     while rw > eps:
+        if k >= len(ordered):
+            return rw, k, False
         if max_tuples is not None and len(out) == max_tuples - 1:
             for c in ordered[k:]:
                 if _takes_all(c, rw, budget_s, dispatch):
                     _append(out, c, rw)
-                    return out, 0.0
-            return _stuck(ordered, out, rw, budget_s, dispatch, max_tuples, pad_residual, eps)
+                    return 0.0, k, True
+            return rw, len(ordered), False
         c = ordered[k]
         t = c.throughput_rps
         full = whole_machines(rw, t)
@@ -123,46 +148,7 @@ def _greedy(
             rw = 0.0
             continue
         k += 1
-        if k >= len(ordered):
-            return _stuck(ordered, out, rw, budget_s, dispatch, max_tuples, pad_residual, eps)
-    return out, 0.0
-
-
-def _stuck(
-    ordered: Sequence[Config],
-    out: list[Assignment],
-    rw: float,
-    budget_s: float,
-    dispatch: Dispatch,
-    max_tuples: int | None,
-    pad_residual: bool,
-    eps: float,
-) -> tuple[list[Assignment], float] | None:
-    options: list[tuple[list[Assignment], float]] = []
-    if pad_residual:
-        padded = _pad(list(out), rw)
-        if padded is not None:
-            options.append(padded)
-    if out:
-        last = out[-1]
-        t = last.config.throughput_rps
-        fewer = list(out[:-1])
-        if last.rate_rps - t > eps:
-            fewer.append(Assignment(last.config, last.rate_rps - t))
-        retry = _greedy(
-            ordered,
-            fewer,
-            rw + t,
-            ordered.index(last.config) + 1,
-            budget_s,
-            dispatch,
-            max_tuples,
-            pad_residual,
-            eps,
-        )
-        if retry is not None:
-            options.append(retry)
-    return min(options, key=lambda o: set_cost(o[0]), default=None)
+    return rw, k, True
 
 
 def _append(out: list[Assignment], c: Config, rate_rps: float) -> None:
@@ -175,13 +161,16 @@ def _append(out: list[Assignment], c: Config, rate_rps: float) -> None:
 
 
 def _pad(out: list[Assignment], rw: float) -> tuple[list[Assignment], float] | None:
-    """Give the unplaceable residual `rw` to one more machine of the last (full) tuple."""
+    """Give the unplaceable residual `rw` to ceil(rw / t) more machines of the last (full) tuple,
+    padded with dummy requests. Its machines then collect at least at the rate they were checked
+    at (their own rate plus rw), so the set still meets the budget."""
     if not out:
         return None
     last = out[-1]
     t = last.config.throughput_rps
-    out[-1] = Assignment(last.config, last.rate_rps + t)
-    return out, t - rw
+    extra = max(1, math.ceil(rw / t - REL_TOL))
+    out[-1] = Assignment(last.config, last.rate_rps + extra * t)
+    return out, extra * t - rw
 
 
 def schedule_module(
