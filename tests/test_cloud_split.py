@@ -8,6 +8,7 @@ import pytest
 
 from scheduler.cloud import Workload, parse_workload, plan
 from scheduler.cloud.split import candidate_splits, latency_cost_efficiency
+from tests.test_cloud_baselines import one_gpu
 from tests.test_cloud_guarantees import random_workload
 
 # Under 2d, GetWCL = 2d and the cost at rate T is T d / b (price 1, concurrency 1).
@@ -16,21 +17,7 @@ OFF = {"dispatch": "2d", "max_configs": 1, "dummy": False, "reassign": False}
 
 def workload(modules: dict[str, list[tuple[int, float]]], edges: list[list[str]],
              rates: dict[str, float], slo_s: float) -> Workload:  # fmt: skip
-    return parse_workload(
-        {
-            "hardware": {"GPU": {"price": 1.0}},
-            "modules": {
-                m: {
-                    "profile": [
-                        {"hardware": "GPU", "batch": b, "concurrency": 1, "duration_s": d}
-                        for b, d in rows
-                    ]
-                }
-                for m, rows in modules.items()
-            },
-            "apps": {"app": {"edges": edges, "rate_rps": rates, "slo_s": slo_s}},
-        }
-    )
+    return one_gpu(modules, {"app": {"edges": edges, "rate_rps": rates, "slo_s": slo_s}})
 
 
 def fork() -> Workload:
