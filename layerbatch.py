@@ -1,7 +1,7 @@
 """layerbatch: the one command line (`layerbatch <verb>`, also `python -m layerbatch`).
 
 Verbs: demo, schedule, sim, sim capacity, profiles, profile, models, serve, client, loadgen,
-linkshell, traces, plan. A mistake in a file or a flag ends the
+linkshell, traces, plan, pipeline plan. A mistake in a file or a flag ends the
 command with one line naming it and exit status 2.
 """
 
@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args[:2] == ["sim", "capacity"]:
             return cmd_capacity(capacity_parser().parse_args(args[2:]))
+        if args[:2] == ["pipeline", "plan"]:
+            return cmd_pipeline_plan(pipeline_plan_parser().parse_args(args[2:]))
         ns = parser().parse_args(args)
         if ns.verb is None:
             parser().print_help()
@@ -217,6 +219,10 @@ def parser() -> argparse.ArgumentParser:
     cost.add_argument("--json", action="store_true", help="the plan document as JSON")
     cost.set_defaults(func=cmd_plan)
 
+    sub.add_parser(
+        "pipeline", help="split a model across pools of mixed GPUs (PPipe): `pipeline plan ...`"
+    ).set_defaults(func=lambda ns: _usage("layerbatch pipeline plan --help"))
+
     traces = sub.add_parser("traces", help="list the network traces shipped with layerbatch")
     traces.set_defaults(func=cmd_traces)
 
@@ -332,6 +338,32 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=_positive_float, default=20.0, help="seconds (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None, help="write summary and per-frame records here")
+
+
+def pipeline_plan_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="layerbatch pipeline plan",
+        description="Pooled pipelines for one model on a mixed GPU cluster (PPipe MILP, HiGHS).",
+    )
+    p.add_argument("--profiles", default=None, help="PPipe block timings (default: bundled)")
+    p.add_argument("--model", default="repvgg-b3")
+    p.add_argument(
+        "--cluster",
+        required=True,
+        help='JSON: {"gpus": {"L4": {"count", "per_server"}}, "nic_gbps"}',
+    )
+    p.add_argument("--slo-ms", type=_positive_float, required=True)
+    p.add_argument("--margin", type=float, default=0.1, help="share of the SLO kept back")
+    p.add_argument("--max-parts", type=_positive_int, default=3)
+    p.add_argument("--mps", type=_positive_int, default=4, help="highest MPS level")
+    p.add_argument("--system", choices=("ppipe", "np"), default="ppipe")
+    p.add_argument("--time-limit-s", type=_positive_float, default=None)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def _usage(hint: str) -> int:
+    raise UsageError(f"layerbatch: say what to do: {hint}")
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
@@ -860,6 +892,41 @@ def cmd_plan(ns: argparse.Namespace) -> int:
             for c in m["configs"]
         )
         print(f"  {name}: budget {m['budget_s']:.3f} s, worst {m['wcl_s']:.3f} s: {configs}")
+    return 0
+
+
+def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
+    from scheduler.pipeline.milp import Cluster, solve
+    from scheduler.pipeline.profiles import load_model_profiles
+    from scheduler.validate import read_json
+
+    cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
+    bundled = BUNDLED_PROFILES / "cloud"
+    profiles_dir = Path(ns.profiles) if ns.profiles else bundled / "ppipe"
+    transfer = None if ns.profiles else bundled / "ppipe-transfer-sizes"
+    profiles = load_model_profiles(
+        profiles_dir, ns.model, gpus=list(cluster.gpus), transfer_dir=transfer
+    )
+    plan = solve(
+        profiles, cluster, ns.slo_ms, ns.margin, ns.max_parts, ns.mps, ns.system,
+        ns.time_limit_s, clock=time.perf_counter,
+    )  # fmt: skip
+    doc = plan.to_json()
+    if ns.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(
+        f"{ns.model} ({ns.system}): {doc['throughput_rps']:.1f} req/s, {doc['status']}, "
+        f"gap {doc['gap']}, solved in {doc['solve_s']:.2f} s"
+    )
+    for p in doc["pipelines"]:
+        parts = "  |  ".join(
+            f"blocks {q['blocks'][0]}-{q['blocks'][1]} on {q['workers']} x {q['gpu']}/{q['mps']}"
+            for q in p["partitions"]
+        )
+        print(
+            f"  {p['throughput_rps']:8.1f} req/s  batch {p['batch']}  {p['latency_ms']:.1f} ms  {parts}"
+        )
     return 0
 
 

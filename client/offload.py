@@ -16,7 +16,7 @@ runs [k, N); k = 0 sends the frame (JPEG), k = N runs all locally. With
   k, less client work). Both modes offload a frame only when running it locally would miss
   its deadline (section 6.5), which keeps the server for the frames that need it.
 
-The throughput estimate is an EWMA with weight 0.3 on each new sample (section 4.4). Everything
+The uplink estimate is an EWMA of delay per byte with weight 0.3 on each new sample (section 4.4). Everything
 here is pure: estimates and times are passed in, nothing reads a clock or the network.
 """
 
@@ -35,20 +35,30 @@ EWMA_WEIGHT = 0.3
 
 @dataclass
 class ThroughputEstimate:
-    """Uplink throughput in bytes per ms: new = 0.3 x sample + 0.7 x old."""
+    """The uplink's delay per byte, EWMA: new = 0.3 x sample + 0.7 x old, with sample = the
+    transfer's time / its bytes (section 4.4's EWMA on the network delay of a transmission size).
+    Averaging delay, not rate, keeps a one-packet message that happened to catch a delivery
+    opportunity at once from sending the estimate to a huge rate. Constructed from a rate."""
 
-    bytes_per_ms: float
+    prior_bytes_per_ms: float
     weight: float = EWMA_WEIGHT
+
+    def __post_init__(self) -> None:
+        self.ms_per_byte = 1.0 / self.prior_bytes_per_ms
+
+    @property
+    def bytes_per_ms(self) -> float:
+        return 1.0 / self.ms_per_byte
 
     def update(self, nbytes: int, transfer_ms: float) -> None:
         """One finished transfer: `nbytes` took `transfer_ms` on the link (queueing excluded)."""
         if nbytes <= 0 or transfer_ms <= 0:
             return
-        sample = nbytes / transfer_ms
-        self.bytes_per_ms = self.weight * sample + (1.0 - self.weight) * self.bytes_per_ms
+        sample = transfer_ms / nbytes
+        self.ms_per_byte = self.weight * sample + (1.0 - self.weight) * self.ms_per_byte
 
     def transfer_ms(self, nbytes: int) -> float:
-        return nbytes / self.bytes_per_ms
+        return nbytes * self.ms_per_byte
 
 
 @dataclass(frozen=True)

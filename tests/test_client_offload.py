@@ -82,12 +82,13 @@ def test_ewma_weight_is_0_3() -> None:
 
 
 def test_ewma_update_hand_computed() -> None:
-    est = ThroughputEstimate(100.0)
-    est.update(1000, 5.0)  # sample 200 bytes/ms
-    assert est.bytes_per_ms == pytest.approx(0.3 * 200 + 0.7 * 100)  # 130
-    est.update(300, 10.0)  # sample 30 bytes/ms
-    assert est.bytes_per_ms == pytest.approx(0.3 * 30 + 0.7 * 130)  # 100
-    assert est.transfer_ms(500) == pytest.approx(5.0)
+    est = ThroughputEstimate(100.0)  # 0.01 ms per byte
+    est.update(1000, 5.0)  # sample 0.005 ms per byte
+    assert est.ms_per_byte == pytest.approx(0.3 * 0.005 + 0.7 * 0.01)  # 0.0085
+    est.update(300, 10.0)  # sample 1/30 ms per byte
+    assert est.ms_per_byte == pytest.approx(0.3 / 30 + 0.7 * 0.0085)
+    assert est.bytes_per_ms == pytest.approx(1 / est.ms_per_byte)
+    assert est.transfer_ms(2000) == pytest.approx(2000 * est.ms_per_byte)
 
 
 @given(
@@ -95,13 +96,13 @@ def test_ewma_update_hand_computed() -> None:
     nbytes=st.integers(1, 10**8),
     transfer_ms=st.floats(0.001, 1e6),
 )
-def test_ewma_update_is_0_3_sample_plus_0_7_old(
+def test_ewma_of_delay_per_byte_is_0_3_sample_plus_0_7_old(
     old: float, nbytes: int, transfer_ms: float
 ) -> None:
     est = ThroughputEstimate(old)
     est.update(nbytes, transfer_ms)
-    expected = 0.3 * (nbytes / transfer_ms) + 0.7 * old
-    assert est.bytes_per_ms == pytest.approx(expected, rel=1e-12)
+    expected = 0.3 * (transfer_ms / nbytes) + 0.7 / old
+    assert est.ms_per_byte == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_ewma_update_is_0_3_sample_plus_0_7_old(
 def test_ewma_ignores_empty_or_non_positive_samples(nbytes: int, transfer_ms: float) -> None:
     est = ThroughputEstimate(42.0)
     est.update(nbytes, transfer_ms)
-    assert est.bytes_per_ms == 42.0
+    assert est.bytes_per_ms == pytest.approx(42.0)
 
 
 # --- none and local --------------------------------------------------------------------------------
