@@ -10,7 +10,6 @@ estimate per entry position is refreshed from `/v1/estimate` and from every answ
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
+from client.link_pacing import send_paced
 from client.offload import ThroughputEstimate
 from traces.network import Link
 
@@ -105,10 +105,9 @@ class Remote:
             return 0.0
         now = self.clock_ms()
         begins = max(now, link.busy_until_ms)
-        done = link.transmit(nbytes, now)
+        done = await send_paced(link, nbytes, self.clock_ms)
         if measure:
             self.throughput.update(nbytes, done - begins)
-        await asyncio.sleep(max(0.0, done - now) / 1000.0)
         return done - now
 
     def observe_estimate(self, position: int, value: Any) -> None:

@@ -160,20 +160,24 @@ def test_a_request_removed_while_running_is_not_advanced(d: Deployment) -> None:
     assert "b" not in e.state and e.state.get("a").position == step.action.stages[1]
 
 
+class Counting:
+    """dp-time, recording the time of every plan it is asked for."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.inner = make_policy("dp-time")
+        self.calls: list[float] = []
+
+    def plan(self, state: SchedulerState, now_ms: float) -> Plan:
+        self.calls.append(now_ms)
+        return self.inner.plan(state, now_ms)
+
+
 def test_an_unchanged_state_is_not_planned_twice(d: Deployment) -> None:
-    calls: list[float] = []
-
-    class Counting:
-        name = "counting"
-
-        def __init__(self) -> None:
-            self.inner = make_policy("dp-time")
-
-        def plan(self, state: SchedulerState, now_ms: float) -> Plan:
-            calls.append(now_ms)
-            return self.inner.plan(state, now_ms)
-
-    e = Engine(d, Counting())
+    counting = Counting()
+    calls = counting.calls
+    e = Engine(d, counting)
     e.admit(req("a"), 0.0)
     e.next_step(0.0)  # the plan made on admission is for t=0: reused
     assert calls == [0.0]
@@ -269,19 +273,9 @@ def test_engine_plans_equal_policy_plans_on_the_same_state(d: Deployment, policy
 
 
 def test_continue_step_runs_the_plans_next_group_without_planning(d: Deployment) -> None:
-    calls: list[float] = []
-
-    class Counting:
-        name = "counting"
-
-        def __init__(self) -> None:
-            self.inner = make_policy("dp-time")
-
-        def plan(self, state: SchedulerState, now_ms: float) -> Plan:
-            calls.append(now_ms)
-            return self.inner.plan(state, now_ms)
-
-    e = Engine(d, Counting())
+    counting = Counting()
+    calls = counting.calls
+    e = Engine(d, counting)
     e.admit(req("a"), 0.0)
     step, _, _ = e.next_step(0.0)
     assert step is not None and step.action.stages == (0, 3)
