@@ -216,6 +216,11 @@ def parser() -> argparse.ArgumentParser:
     )
     cost.add_argument("--no-merge", action="store_true", help="no node merger (Algorithm 2)")
     cost.add_argument("--no-cost-direct", action="store_true", help="no cost-direct iterations")
+    cost.add_argument(
+        "--no-exchange",
+        action="store_true",
+        help="no budget exchange between modules (harpagon as the paper has it)",
+    )
     cost.add_argument("--json", action="store_true", help="the plan document as JSON")
     cost.set_defaults(func=cmd_plan)
 
@@ -878,6 +883,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         max_configs=None if ns.configs == "any" else int(ns.configs),
         dummy=not ns.no_dummy, reassign=not ns.no_reassign, split=ns.split,
         merge=False if ns.no_merge else None, cost_direct=False if ns.no_cost_direct else None,
+        exchange=not ns.no_exchange,
     )  # fmt: skip
     doc["runtime_ms"] = round((time.perf_counter() - t0) * 1000.0, 3)
     if ns.json:

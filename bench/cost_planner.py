@@ -9,7 +9,9 @@ Draws N workloads of the papers' five apps on measured GPU profiles
     crashes, plans whose own end-to-end estimate misses the SLO (late) and plans that miss it
     when re-timed with Theorem 1, TC dispatch (tc-late: a common yardstick, so that an
     optimistic latency model cannot buy a lower cost by missing the SLO in practice); planning
-    time median and p99, timed around `plan()` with time.perf_counter (paper: harpagon 5 ms,
+    time median and p99, the CPU time of `plan()` (time.process_time: the planner is one
+    single-threaded process, so this is its wall time on an idle machine, and other load on a
+    shared machine does not inflate it) (paper: harpagon 5 ms,
     brute force 35.9 s);
   - the share of workloads on which harpagon equals the optimum (paper: 91.5%; target >= 95%) and
     how often it is costlier than some baseline (target: never);
@@ -52,6 +54,7 @@ REL_TOL = 1e-6  # two costs this close count as equal
 
 # (label, what is off, plan() keyword switches)
 SWITCH_ABLATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("harp-nx", "no budget exchange (the paper's Harpagon)", {"exchange": False}),
     ("harp-nd", "no dummy requests", {"dummy": False}),
     ("harp-0re", "no latency reassigner", {"reassign": False}),
     ("harp-1c", "one configuration per module", {"max_configs": 1}),
@@ -100,7 +103,7 @@ class Variant:
         self.cost: list[float | None] = []
         self.time_ms: list[float] = []
         self.status: list[str] = []  # "ok", "refused", "crash", "late" (missed its SLO)
-        self.tc_late: list[bool] = []  # planned, but over the SLO when re-timed under TC dispatch
+        self.tc_late: list[bool] = []  # per workload: planned, but over the SLO under TC
         self.note = ""
 
 
@@ -119,32 +122,35 @@ def run_variant(
             v.cost.append(None)
             v.time_ms.append(math.nan)
             v.status.append("refused")
+            v.tc_late.append(False)
             continue
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         try:
             got = plan(w, v.system, **v.switches)
         except InputError as exc:
-            dt = time.perf_counter() - t0
+            dt = time.process_time() - t0
             if exc.source.startswith("--"):  # the switch itself was refused, not the workload
                 v.note = f"plan() refused the switch: {exc}"
                 v.cost.clear()
                 v.time_ms.clear()
                 v.status.clear()
+                v.tc_late.clear()
                 return
-            status, cost = "refused", None
+            status, cost, tc_late = "refused", None, False
         except Exception as exc:  # a planner bug: count it, keep going
-            dt = time.perf_counter() - t0
-            status, cost = "crash", None
+            dt = time.process_time() - t0
+            status, cost, tc_late = "crash", None, False
             if not first_crash:
                 first_crash = f"{type(exc).__name__}: {exc} (workload {i})"
         else:
-            dt = time.perf_counter() - t0
+            dt = time.process_time() - t0
             cost = float(got["cost"])
             app = w.apps[0]
             late = got["e2e_latency_s"][app.name] > app.slo_s * (1 + 1e-9)
             status = "late" if late else "ok"
-            v.tc_late.append(tc_e2e_s(w, got) > app.slo_s * (1 + 1e-9))
+            tc_late = tc_e2e_s(w, got) > app.slo_s * (1 + 1e-9)
         spent_s += dt
+        v.tc_late.append(tc_late)
         v.cost.append(cost)
         v.time_ms.append(dt * 1000.0)
         v.status.append(status)
@@ -174,6 +180,10 @@ def _parse_or_none(doc: dict[str, Any]) -> Workload | None:
         return parse_workload(doc, "ablated workload")
     except InputError:
         return None
+
+
+def _cheaper(other: float | None, cost: float | None) -> bool:
+    return other is not None and cost is not None and other < cost and not equal(other, cost)
 
 
 def equal(a: float, b: float) -> bool:
@@ -270,11 +280,19 @@ def plot(
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(1.1, 1))
     for v in systems:
-        rs = np.sort(ratios(v, ref))
+        # Only plans that meet the SLO re-timed under TC: a late plan's low cost is no saving.
+        rs = np.sort(
+            [
+                c / r
+                for c, r, late in zip(v.cost, ref, v.tc_late, strict=False)
+                if c is not None and r is not None and r > 0 and not late
+            ]
+        )
         if len(rs):
             ys = np.arange(1, len(rs) + 1) / len(rs)
-            ax.step(rs, ys, where="post", label=f"{v.label} (mean {rs.mean():.3f})")
-    ax.set_xlabel(f"normalised cost (cost / {ref_name})")
+            label = f"{v.label} ({len(rs)} plans, mean {rs.mean():.3f})"
+            ax.step(rs, ys, where="post", label=label)
+    ax.set_xlabel(f"normalised cost (cost / {ref_name}), plans on time under TC")
     ax.set_ylabel("fraction of workloads")
     ax.set_title("CDF of normalised cost (cf. Harpagon Fig. 5b)", fontsize=10)
     ax.grid(alpha=0.3)
@@ -347,17 +365,30 @@ def main() -> None:
         head["harpagon_equal_to_reference_share"] = (
             float(np.mean([equal(r, 1.0) for r in rs])) if rs else None
         )
-        worse = 0
+        # A baseline's plan counts only if it meets the SLO re-timed under TC dispatch, the most
+        # favourable one for its machines (each collects at least its own rate plus the rate
+        # after it, so no full machine waits longer than under rr or 2d and no partial one
+        # longer than under rr): a plan late under TC is late under every dispatch here.
+        worse = worse_estimate = 0
         for i, c in enumerate(harp.cost):
-            others = [v.cost[i] for v in systems if v.label in BASELINES and i < len(v.cost)]
-            if c is not None and any(o is not None and o < c and not equal(o, c) for o in others):
-                worse += 1
+            base = [v for v in systems if v.label in BASELINES and i < len(v.cost)]
+            cheaper = [v for v in base if _cheaper(v.cost[i], c)]
+            worse += any(not v.tc_late[i] for v in cheaper)
+            worse_estimate += bool(cheaper)
         head["harpagon_costlier_than_a_baseline"] = worse
+        head["harpagon_costlier_than_a_baseline_estimate"] = worse_estimate
         opt = by_name.get("optimal")
         if opt is not None and sys_rows["harpagon"]["time_ms_median"]:
             head["optimal_over_harpagon_median_time"] = (
                 sys_rows["optimal"]["time_ms_median"] / sys_rows["harpagon"]["time_ms_median"]
             )
+    if "optimal" in by_name:
+        # The optimum is a lower bound for every plan that holds under its dispatch (TC).
+        head["plans_meeting_the_slo_under_tc_cheaper_than_optimal"] = sum(
+            _cheaper(v.cost[i], ref[i]) and not v.tc_late[i]
+            for v in systems
+            for i in range(len(v.cost))
+        )
 
     abl_rows: dict[str, dict[str, Any]] = {}
     if harp is not None and not args.no_ablations:
@@ -377,8 +408,14 @@ def main() -> None:
         print(f"\nharpagon equals {ref_name} on {_fmt(None if share is None else 100 * share, '.1f')}%"
               " of the workloads it planned (paper: 91.5% equal to the optimum; target >= 95%)")  # fmt: skip
         ran = [b for b in BASELINES if b in by_name]
-        print(f"harpagon costlier than a baseline ({', '.join(ran) or 'none run yet'}) on "
-              f"{head['harpagon_costlier_than_a_baseline']} workloads (target: 0)")  # fmt: skip
+        print(f"harpagon costlier than a baseline ({', '.join(ran) or 'none run yet'}) plan that "
+              f"meets the SLO re-timed under TC on {head['harpagon_costlier_than_a_baseline']} "
+              f"workloads (target: 0); than a baseline's own estimate, on "
+              f"{head['harpagon_costlier_than_a_baseline_estimate']}")  # fmt: skip
+        if "plans_meeting_the_slo_under_tc_cheaper_than_optimal" in head:
+            print(f"plans of any system that meet the SLO re-timed under TC and are cheaper than "
+                  f"optimal: {head['plans_meeting_the_slo_under_tc_cheaper_than_optimal']} "
+                  "(a lower bound: 0)")  # fmt: skip
         if "optimal_over_harpagon_median_time" in head:
             print(f"optimal / harpagon median planning time: "
                   f"{head['optimal_over_harpagon_median_time']:.0f}x (paper: > 7000x)")  # fmt: skip
@@ -403,6 +440,7 @@ def main() -> None:
         "slo_s": [round(w.apps[0].slo_s, 6) for w in parsed],
         "cost": {v.label: [_round(c) for c in v.cost] for v in systems},
         "time_ms": {v.label: [_round(t) for t in v.time_ms] for v in systems},
+        "late_under_tc": {v.label: [int(x) for x in v.tc_late] for v in systems},
     }
     text = json.dumps(doc, indent=1)
     text = text[: text.rindex("}")].rstrip() + ',\n "workloads": '

@@ -12,7 +12,7 @@ from tests.test_cloud_baselines import one_gpu
 from tests.test_cloud_guarantees import random_workload
 
 # Under 2d, GetWCL = 2d and the cost at rate T is T d / b (price 1, concurrency 1).
-OFF = {"dispatch": "2d", "max_configs": 1, "dummy": False, "reassign": False}
+OFF = {"dispatch": "2d", "max_configs": 1, "dummy": False, "reassign": False, "exchange": False}
 
 
 def workload(modules: dict[str, list[tuple[int, float]]], edges: list[list[str]],

@@ -19,7 +19,11 @@ dum_i = b_i / (L_M - d_i) - u_i (Piccolo), re-run Algorithm 1 and keep the cheap
 Algorithm 1 is left with a residual no configuration can take (a tiny remainder collects too
 slowly under TC), it takes the cheaper of: the last full tuple taking ceil(rw / t_i) more
 machines padded with dummy requests (only if dummy requests are allowed), and backtracking
-(that tuple gets one machine fewer; Algorithm 1 goes on from the next configuration).
+(that tuple gets one machine fewer; Algorithm 1 goes on from the next configuration). With
+dummy requests allowed, every configuration c the loop looks at while rw is left also offers
+the set that ends there, rw on ceil(rw / t_c) whole machines of c padded with dummy requests
+(their group collects at least at rw), if those meet L_M: Algorithm 1 alone skips c when its
+partial machine would collect too slowly, which padding cures. The cheapest option is kept.
 Complexity: O(|P_M| log |P_M|) to sort, O(|P_M| (1 + N)) per run of Algorithm 1, N the
 machines it backtracks (one per step, iteratively), K + 1 runs in all.
 """
@@ -35,11 +39,11 @@ from scheduler.cloud.latency import (
     REL_TOL,
     Assignment,
     Dispatch,
-    assignment_latencies_s,
     fits,
     machine_latency_s,
     module_latency_s,
     set_cost,
+    single_set_latency_s,
     tc_order,
     whole_machines,
 )
@@ -70,8 +74,7 @@ def by_throughput_per_price(profile: Sequence[Config]) -> list[Config]:
 
 def _takes_all(c: Config, rate_rps: float, budget_s: float, dispatch: Dispatch) -> bool:
     """Whether `c` can carry `rate_rps` on its own (full machines and the partial one)."""
-    lat = assignment_latencies_s([Assignment(c, rate_rps)], dispatch)[0][1]
-    return fits(lat, budget_s)
+    return fits(single_set_latency_s(c, rate_rps, dispatch), budget_s)
 
 
 def generate_configs(
@@ -92,7 +95,8 @@ def generate_configs(
     rw, k = rate_rps, 0
     options: list[tuple[list[Assignment], float]] = []
     while True:
-        rw, k, done = _greedy(ordered, out, rw, k, budget_s, dispatch, max_tuples, eps)
+        pad_into = options if pad_residual else None
+        rw, k, done = _greedy(ordered, out, rw, k, budget_s, dispatch, max_tuples, eps, pad_into)
         if done:
             options.append((out, 0.0))
             break
@@ -123,9 +127,12 @@ def _greedy(
     dispatch: Dispatch,
     max_tuples: int | None,
     eps: float,
+    padded: list[tuple[list[Assignment], float]] | None,
 ) -> tuple[float, int, bool]:
     """Algorithm 1 from state (out, rw, k), appending to `out`; returns (residual, next
-    configuration, whether all the rate is placed)."""
+    configuration, whether all the rate is placed). With `padded`, every configuration the loop
+    looks at while a residual rw is left also records the set that stops there, placing rw on
+    ceil(rw / t) whole machines of it padded with dummy requests, if those meet the budget."""
     while rw > eps:
         if k >= len(ordered):
             return rw, k, False
@@ -138,6 +145,12 @@ def _greedy(
         c = ordered[k]
         t = c.throughput_rps
         full = whole_machines(rw, t)
+        if padded is not None and rw - full * t > eps:
+            whole_rps = (full + 1) * t
+            if fits(machine_latency_s(c, whole_rps, True, whole_rps, dispatch), budget_s):
+                whole = list(out)
+                _append(whole, c, whole_rps)
+                padded.append((whole, whole_rps - rw))
         if full >= 1:
             if fits(machine_latency_s(c, rw, True, full * t, dispatch), budget_s):
                 _append(out, c, full * t)
@@ -154,7 +167,7 @@ def _greedy(
 def _append(out: list[Assignment], c: Config, rate_rps: float) -> None:
     """Add `rate_rps` at `c`, merging with the previous tuple when it is the same configuration
     (its partial machine then comes after its full siblings, as TC dispatch orders them)."""
-    if out and out[-1].config == c:
+    if out and (out[-1].config is c or out[-1].config == c):
         out[-1] = Assignment(c, out[-1].rate_rps + rate_rps)
     else:
         out.append(Assignment(c, rate_rps))
@@ -180,12 +193,16 @@ def schedule_module(
     dispatch: Dispatch = "tc",
     max_tuples: int | None = None,
     dummy: DummyRule = "harpagon",
+    *,
+    presorted: bool = False,
 ) -> ModulePlan | None:
     """The cheapest of Algorithm 1's set and its dummy-request variants (Theorem 2).
 
-    Returns None when no configuration set meets `budget_s` at `rate_rps` (with `dummy` "none",
-    also when a residual cannot be placed). Guaranteed: `wcl_s` fits `budget_s`."""
-    ordered = by_throughput_per_price(profile)
+    `presorted`: `profile` is already in `by_throughput_per_price` order (callers that build a
+    module many times sort once). Returns None when no configuration set meets `budget_s` at
+    `rate_rps` (with `dummy` "none", also when a residual cannot be placed). Guaranteed: `wcl_s`
+    fits `budget_s`."""
+    ordered = list(profile) if presorted else by_throughput_per_price(profile)
     pad = dummy != "none"
     base = generate_configs(ordered, rate_rps, budget_s, dispatch, max_tuples, pad)
     if base is None:

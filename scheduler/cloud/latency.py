@@ -130,6 +130,19 @@ def assignment_latencies_s(
     return out
 
 
+def single_set_latency_s(config: Config, rate_rps: float, dispatch: Dispatch) -> float:
+    """`module_latency_s([Assignment(config, rate_rps)], dispatch)` without building the set:
+    the worst case of `config` carrying all of `rate_rps` (full machines and a partial one)."""
+    full, partial_rps = Assignment(config, rate_rps).split()
+    worst = 0.0
+    if full > 0:
+        own = full * config.throughput_rps
+        worst = machine_latency_s(config, own + partial_rps, True, own, dispatch)
+    if partial_rps > 0:
+        worst = max(worst, machine_latency_s(config, partial_rps, False, partial_rps, dispatch))
+    return worst
+
+
 def module_latency_s(assignments: Sequence[Assignment], dispatch: Dispatch) -> float:
     """Worst-case latency of the module: the maximum over all its machines (Theorem 1)."""
     return max((lat for _, lat in assignment_latencies_s(assignments, dispatch)), default=0.0)

@@ -43,6 +43,7 @@ from scheduler.cloud.latency import (
     machine_latency_s,
     module_latency_s,
     set_cost,
+    single_set_latency_s,
     whole_machines,
 )
 from scheduler.cloud.search import pareto
@@ -163,18 +164,16 @@ def fastest_set(
     whole machine is the fastest a machine of c_k gets). Without dummy requests it is the
     fastest set of E (K tuples, module docstring)."""
     if dummy:
-        best: ModulePlan | None = None
+        best: tuple[float, float, float, Config] | None = None
         for c in profile:
             tput = c.throughput_rps
-            machines = max(1, math.ceil(rate_rps / tput - REL_TOL))
-            filled = _plan_of(
-                [Assignment(c, machines * tput)], machines * tput - rate_rps, dispatch
-            )
-            for got in (_plan_of([Assignment(c, rate_rps)], 0.0, dispatch), filled):
-                if best is None or (got.wcl_s, got.cost) < (best.wcl_s, best.cost):
-                    best = got
+            filled_rps = max(1, math.ceil(rate_rps / tput - REL_TOL)) * tput
+            for rate in (rate_rps, filled_rps):
+                key = (single_set_latency_s(c, rate, dispatch), c.price * rate / tput, rate, c)
+                if best is None or key[:2] < best[:2]:
+                    best = key
         assert best is not None, "a validated profile is never empty"
-        return best
+        return _plan_of([Assignment(best[3], best[2])], best[2] - rate_rps, dispatch)
     return module_frontier(profile, rate_rps, dispatch, max_tuples=max_tuples, dummy=False)[0]
 
 

@@ -6,16 +6,21 @@ For each app independently (Harpagon §III, Piccolo §III), a heuristic system
   2. builds each module's configuration set within its budget with Algorithm 1 and, if the system
      has them, dummy requests (`configs.schedule_module`, Theorem 2);
   3. hands unused path latency to modules (`split.reassign_slack`), if the system has it;
-and keeps the cheapest plan over the splits it tried. Fallback: when no split leaves every module
-a set (Algorithm 2's estimates are optimistic about partially loaded machines, an even split can
-starve a module), every module takes its fastest set (`optimal.fastest_set`) and step 3 runs from
-there, so a system plans at every SLO at or above the smallest one it reports. `optimal` instead searches every set of `optimal.module_frontier` per module, exactly
+and keeps the cheapest plan over the splits it tried;
+  4. with the budget exchange (`exchange`, harpagon only): the cheapest choice over every
+     module's Algorithm 1 frontier and that plan, exactly (it trades latency between modules).
+Fallback: when no split leaves every module a set (Algorithm 2's estimates are optimistic about
+partially loaded machines, an even split can starve a module), every module takes its fastest
+set (`optimal.fastest_set`) and step 3 runs from there, so a system plans at every SLO at or
+above the smallest one it reports. `optimal` instead searches every set of
+`optimal.module_frontier` per module, exactly
 (`search.cheapest_combination`). Total cost is the sum over modules of price x rate / throughput.
 
 Systems (Harpagon Table III, Piccolo Table III; `SYSTEMS`):
 
     system     worst case        tuples  dummy     reassign  split                    hw   conc
     harpagon   d + b/w (tc)      any     t - u     yes       LC + merger + cost-direct any  any
+                                                             + exchange (layerbatch's)
     piccolo    d + b/w (tc)      any     b/(L-d)-u yes       LC                       any  any
     nexus      2d                2       no        no        quantized, 0.01 s steps  one  1
     scrooge    d + b/t (machine) 2       no        no        throughput-based         any  any
@@ -48,7 +53,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from scheduler.cloud.configs import DummyRule, ModulePlan, schedule_module
+from scheduler.cloud.configs import (
+    DummyRule,
+    ModulePlan,
+    by_throughput_per_price,
+    schedule_module,
+)
+from scheduler.cloud.exchange import exchange as exchange_budgets
 from scheduler.cloud.latency import DISPATCHES, Dispatch, assignment_latencies_s, fits
 from scheduler.cloud.optimal import MAX_TUPLES, fastest_set, module_frontier
 from scheduler.cloud.search import cheapest_combination, pareto
@@ -85,10 +96,13 @@ class System:
     cost_direct: bool = False
     hetero: bool = True
     spatial: bool = True
+    exchange: bool = False
 
 
 SYSTEMS: dict[str, System] = {
-    "harpagon": System("tc", None, "harpagon", True, "lc", merge=True, cost_direct=True),
+    "harpagon": System(
+        "tc", None, "harpagon", True, "lc", merge=True, cost_direct=True, exchange=True
+    ),
     "piccolo": System("tc", None, "piccolo", True, "lc"),
     "nexus": System("2d", 2, "none", False, "quantized:0.01", hetero=False, spatial=False),
     "scrooge": System("machine", 2, "none", False, "throughput"),
@@ -111,9 +125,11 @@ def plan(
     split: str | None = None,
     merge: bool | None = None,
     cost_direct: bool | None = None,
+    exchange: bool = True,
 ) -> dict[str, Any]:
     """Plan `workload` as `system` would; the keyword switches override the system's features
-    (`dummy=False`, `reassign=False` turn a feature off; `split`, `merge`, `cost_direct` set it).
+    (`dummy=False`, `reassign=False`, `exchange=False` turn a feature off; `split`, `merge`,
+    `cost_direct` set it).
 
     Returns {"cost", "e2e_latency_s": {app: s}, "modules": {m: {"budget_s", "wcl_s",
     "dummy_rps", "configs": [{"hardware", "batch", "concurrency", "machines", "rate_rps",
@@ -130,7 +146,9 @@ def plan(
     without them, the fastest set of at most three tuples (`optimal.fastest_set`).
     Guaranteed: every app's e2e_latency_s (its longest DAG path of module worst cases) fits its
     slo_s."""
-    spec = _resolve(system, dispatch, max_configs, dummy, reassign, split, merge, cost_direct)
+    spec = _resolve(
+        system, dispatch, max_configs, dummy, reassign, split, merge, cost_direct, exchange
+    )
     total = 0.0
     e2e: dict[str, float] = {}
     modules: dict[str, Any] = {}
@@ -154,6 +172,7 @@ def _resolve(
     split: str | None,
     merge: bool | None,
     cost_direct: bool | None,
+    exchange: bool,
 ) -> System:
     if system not in SYSTEMS:
         raise InputError("--system", "", f"one of {', '.join(SYSTEMS)}", system)
@@ -175,6 +194,7 @@ def _resolve(
         split=split if split is not None else spec.split,
         merge=spec.merge if merge is None else merge,
         cost_direct=spec.cost_direct if cost_direct is None else cost_direct,
+        exchange=spec.exchange and exchange,
     )
 
 
@@ -263,9 +283,17 @@ def _plan_app(
     if kind == "exact":
         return _optimal_app(workload, app, profiles, spec)
 
+    ordered = {m: by_throughput_per_price(profiles[m]) for m in app.modules}
+
     def build(m: str, budget_s: float) -> ModulePlan | None:
         return schedule_module(
-            profiles[m], app.rate_rps[m], budget_s, spec.dispatch, spec.max_tuples, spec.dummy
+            ordered[m],
+            app.rate_rps[m],
+            budget_s,
+            spec.dispatch,
+            spec.max_tuples,
+            spec.dummy,
+            presorted=True,
         )
 
     starts: list[tuple[dict[str, float], dict[str, ModulePlan]]] = []
@@ -292,8 +320,8 @@ def _plan_app(
             plans = _build_all(app, budgets, build)
             if plans is not None:
                 starts.append((budgets, plans))
+    limit = min(spec.max_tuples or MAX_TUPLES, MAX_TUPLES)
     if not starts:
-        limit = min(spec.max_tuples or MAX_TUPLES, MAX_TUPLES)
         starts.append(_fastest_start(app, profiles, spec, limit))
     best: dict[str, ModulePlan] | None = None
     for budgets, plans in starts:
@@ -302,6 +330,20 @@ def _plan_app(
         if best is None or _cost(plans) < _cost(best):
             best = plans
     assert best is not None
+    if spec.exchange:
+        fastest = _fastest_sets(app, profiles, spec, limit)
+
+        def one_config(m: str, cap_s: float) -> list[ModulePlan]:
+            return module_frontier(
+                profiles[m],
+                app.rate_rps[m],
+                spec.dispatch,
+                max_tuples=1,
+                dummy=spec.dummy != "none",
+                cap_s=cap_s,
+            )
+
+        best = exchange_budgets(app, best, fastest, build, one_config)
     return best
 
 
@@ -317,21 +359,24 @@ def _build_all(
     return plans
 
 
+def _fastest_sets(
+    app: App, profiles: Mapping[str, Sequence[Config]], spec: System, limit: int
+) -> dict[str, ModulePlan]:
+    """Every module's fastest set (`optimal.fastest_set`, at most `limit` tuples without
+    dummy requests)."""
+    dummy = spec.dummy != "none"
+    return {
+        m: fastest_set(profiles[m], app.rate_rps[m], spec.dispatch, max_tuples=limit, dummy=dummy)
+        for m in app.modules
+    }
+
+
 def _fastest_start(
     app: App, profiles: Mapping[str, Sequence[Config]], spec: System, limit: int
 ) -> tuple[dict[str, float], dict[str, ModulePlan]]:
-    """Every module on its fastest set (`optimal.fastest_set`, at most `limit` tuples without
-    dummy requests), if that fits the SLO; else `_Infeasible` with the longest path of them."""
-    plans = {
-        m: fastest_set(
-            profiles[m],
-            app.rate_rps[m],
-            spec.dispatch,
-            max_tuples=limit,
-            dummy=spec.dummy != "none",
-        )
-        for m in app.modules
-    }
+    """Every module on its fastest set, if that fits the SLO; else `_Infeasible` with the
+    longest path of them."""
+    plans = _fastest_sets(app, profiles, spec, limit)
     e2e, _ = path_latencies_s(app, {m: p.wcl_s for m, p in plans.items()})
     if not fits(e2e, app.slo_s):
         raise _Infeasible(e2e)

@@ -16,7 +16,7 @@ edges is a one-module app). `parse_workload` either returns a fully validated, i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.errors import InputError
 from scheduler.validate import is_int, is_number, json_object, nonempty_str
@@ -33,16 +33,16 @@ class Config:
     concurrency: int
     duration_s: float
     price: float
+    # Derived once (the planners read them in their inner loops):
+    # requests per second one fully loaded machine completes, batch x concurrency / d;
+    throughput_rps: float = field(init=False, repr=False, compare=False)
+    # the throughput-cost ratio r = t / p that TC dispatch ranks machines by.
+    throughput_per_price: float = field(init=False, repr=False, compare=False)
 
-    @property
-    def throughput_rps(self) -> float:
-        """Requests per second one fully loaded machine completes: batch x concurrency / d."""
-        return self.batch * self.concurrency / self.duration_s
-
-    @property
-    def throughput_per_price(self) -> float:
-        """The throughput-cost ratio r = t / p that TC dispatch ranks machines by."""
-        return self.throughput_rps / self.price
+    def __post_init__(self) -> None:
+        throughput_rps = self.batch * self.concurrency / self.duration_s
+        object.__setattr__(self, "throughput_rps", throughput_rps)
+        object.__setattr__(self, "throughput_per_price", throughput_rps / self.price)
 
 
 @dataclass(frozen=True)
