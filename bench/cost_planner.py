@@ -43,8 +43,7 @@ from tqdm import tqdm
 
 from scheduler.cloud import SYSTEMS, Workload, parse_workload, plan
 from scheduler.cloud.generator import generate
-from scheduler.cloud.latency import Assignment, module_latency_s
-from scheduler.cloud.split import path_latencies_s
+from scheduler.cloud.planner import retimed_e2e_s
 from scheduler.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +147,7 @@ def run_variant(
             app = w.apps[0]
             late = got["e2e_latency_s"][app.name] > app.slo_s * (1 + 1e-9)
             status = "late" if late else "ok"
-            tc_late = tc_e2e_s(w, got) > app.slo_s * (1 + 1e-9)
+            tc_late = retimed_e2e_s(w, got, "tc")[app.name] > app.slo_s * (1 + 1e-9)
         spent_s += dt
         v.tc_late.append(tc_late)
         v.cost.append(cost)
@@ -156,23 +155,6 @@ def run_variant(
         v.status.append(status)
     if first_crash:
         v.note = (v.note + "; " if v.note else "") + f"first crash: {first_crash}"
-
-
-def tc_e2e_s(w: Workload, got: dict[str, Any]) -> float:
-    """The plan's end-to-end worst case re-timed with Theorem 1 (TC dispatch, the dispatcher
-    Harpagon runs), whatever latency model the planner used: a common yardstick, so that a
-    system with an optimistic model cannot look cheaper by missing its SLO."""
-    app = w.apps[0]
-    lat: dict[str, float] = {}
-    for m in app.modules:
-        by_key = {(c.hardware, c.batch, c.concurrency): c for c in w.profiles[m]}
-        sets = [
-            Assignment(by_key[(c["hardware"], c["batch"], c["concurrency"])], c["rate_rps"])
-            for c in got["modules"][m]["configs"]
-            if c["rate_rps"] > 0
-        ]
-        lat[m] = module_latency_s(sets, "tc")
-    return path_latencies_s(app, lat)[0]
 
 
 def _parse_or_none(doc: dict[str, Any]) -> Workload | None:

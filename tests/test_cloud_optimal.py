@@ -12,6 +12,7 @@ import pytest
 
 from scheduler.cloud import parse_workload, plan
 from scheduler.cloud.configs import by_throughput_per_price
+from scheduler.cloud.generator import generate
 from scheduler.cloud.latency import (
     DISPATCHES,
     Assignment,
@@ -21,9 +22,11 @@ from scheduler.cloud.latency import (
     whole_machines,
 )
 from scheduler.cloud.optimal import fastest_set, module_frontier
+from scheduler.cloud.planner import retimed_e2e_s
 from scheduler.cloud.search import cheapest_combination, pareto
 from scheduler.cloud.split import path_latencies_s
 from scheduler.cloud.workload import App, Config
+from scheduler.errors import InputError
 from tests.test_cloud_guarantees import random_workload
 
 
@@ -154,6 +157,22 @@ def test_optimal_is_a_lower_bound_under_the_same_switches(
     assert best["cost"] <= plan(w, "piccolo", **switches)["cost"] + 1e-9
     if "max_configs" in switches:
         assert all(len(m["configs"]) <= 2 for m in best["modules"].values())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_optimal_is_below_every_baseline_plan_that_holds_under_tc(seed: int) -> None:
+    # A baseline plans with its own (optimistic) model; re-timed under TC, any of its plans that
+    # still meets the SLO costs at least the optimum. One that misses it may cost less.
+    w = parse_workload(generate(1, np.random.default_rng(seed))[0])
+    app = w.apps[0]
+    best = plan(w, "optimal")["cost"]
+    for system in ("nexus", "scrooge", "inferline", "clipper"):
+        try:
+            got = plan(w, system)
+        except InputError:
+            continue
+        if retimed_e2e_s(w, got, "tc")[app.name] <= app.slo_s * (1 + 1e-9):
+            assert best <= got["cost"] * (1 + 1e-9), system
 
 
 def test_optimal_finds_piccolo_table_ii_optimum() -> None:

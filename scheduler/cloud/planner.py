@@ -37,11 +37,13 @@ system's own setting, so e.g. `plan(w, "harpagon", split="throughput")` is Harp-
 (at most `max_configs` tuples, default 3; each tuple but the last on one of its 3 largest whole
 machine counts; the last tuple's partial machine as it is or, with dummy requests, filled to a
 whole one) together with the sets `harpagon` and `piccolo` build for that module on the same
-workload under the same switches; among all choices of one such set per module it returns the
-cheapest whose every DAG path fits the SLO. The heuristics' sets are in the space so that it is
-a lower bound for them by construction (Piccolo's dummy rule pads partial machines to rates in
-between, which the enumeration does not hold). It is a lower bound only for plans under the
-same dispatch model: a 2d plan is not a TC plan.
+workload under the same switches, and the sets every baseline builds (as it plans, with its own
+latency model) re-timed under optimal's dispatch; among all choices of one such set per module
+it returns the cheapest whose every DAG path fits the SLO. The other systems' sets are in the
+space so that it is a lower bound by construction (Piccolo's dummy rule pads partial machines to
+rates in between, which the enumeration does not hold) for every plan that meets the SLO under
+optimal's dispatch: a baseline's plan that misses it there, by its optimistic model, may cost
+less.
 
 The planner reads no clock: `runtime_ms` is left for the caller to fill in.
 """
@@ -60,7 +62,14 @@ from scheduler.cloud.configs import (
     schedule_module,
 )
 from scheduler.cloud.exchange import exchange as exchange_budgets
-from scheduler.cloud.latency import DISPATCHES, Dispatch, assignment_latencies_s, fits
+from scheduler.cloud.latency import (
+    DISPATCHES,
+    Assignment,
+    Dispatch,
+    assignment_latencies_s,
+    fits,
+    module_latency_s,
+)
 from scheduler.cloud.optimal import MAX_TUPLES, fastest_set, module_frontier
 from scheduler.cloud.search import cheapest_combination, pareto
 from scheduler.cloud.split import (
@@ -415,6 +424,16 @@ def _optimal_app(
             continue
         for m, p in plans.items():
             pool[m].append(p)
+    for name, other in SYSTEMS.items():  # the baselines, each as it plans, re-timed here
+        if name in ("harpagon", "piccolo", "optimal"):
+            continue
+        try:
+            plans = _plan_app_any_hardware(workload, app, name, other)
+        except InputError:
+            continue
+        for m, p in plans.items():
+            if spec.max_tuples is None or len(p.assignments) <= spec.max_tuples:
+                pool[m].append(_retimed(p, spec.dispatch))
     options: dict[str, list[ModulePlan]] = {}
     for m, sets in pool.items():
         options[m] = [sets[i] for i in pareto([(p.wcl_s, p.cost) for p in sets])]
@@ -423,6 +442,31 @@ def _optimal_app(
     )
     assert found is not None, "the fastest sets fit the SLO, so some combination does"
     return {m: options[m][k] for m, k in found[1].items()}
+
+
+def retimed_e2e_s(
+    workload: Workload, doc: Mapping[str, Any], dispatch: Dispatch
+) -> dict[str, float]:
+    """Each app's end-to-end worst case of the plan document `doc` (from `plan`, any system)
+    re-timed under `dispatch`: the same machines and rates, whatever model planned them."""
+    out: dict[str, float] = {}
+    for app in workload.apps:
+        lat: dict[str, float] = {}
+        for m in app.modules:
+            by_key = {(c.hardware, c.batch, c.concurrency): c for c in workload.profiles[m]}
+            sets = [
+                Assignment(by_key[(c["hardware"], c["batch"], c["concurrency"])], c["rate_rps"])
+                for c in doc["modules"][m]["configs"]
+                if c["rate_rps"] > 0
+            ]
+            lat[m] = module_latency_s(sets, dispatch)
+        out[app.name] = path_latencies_s(app, lat)[0]
+    return out
+
+
+def _retimed(plan: ModulePlan, dispatch: Dispatch) -> ModulePlan:
+    """The same machines and rates, their worst case under `dispatch`."""
+    return replace(plan, wcl_s=module_latency_s(plan.assignments, dispatch))
 
 
 def _cost(plans: Mapping[str, ModulePlan]) -> float:
