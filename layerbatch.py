@@ -1,7 +1,7 @@
 """layerbatch: the one command line (`layerbatch <verb>`, also `python -m layerbatch`).
 
 Verbs: demo, schedule, sim, sim capacity, profiles, profile, models, serve, client, loadgen,
-linkshell, traces, plan, pipeline plan. A mistake in a file or a flag ends the
+linkshell, traces, plan, pipeline plan, pipeline sim. A mistake in a file or a flag ends the
 command with one line naming it and exit status 2.
 """
 
@@ -40,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_capacity(capacity_parser().parse_args(args[2:]))
         if args[:2] == ["pipeline", "plan"]:
             return cmd_pipeline_plan(pipeline_plan_parser().parse_args(args[2:]))
+        if args[:2] == ["pipeline", "sim"]:
+            return cmd_pipeline_sim(pipeline_sim_parser().parse_args(args[2:]))
         ns = parser().parse_args(args)
         if ns.verb is None:
             parser().print_help()
@@ -54,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`layerbatch ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 # --- parsers --------------------------------------------------------------------------------
@@ -225,8 +230,11 @@ def parser() -> argparse.ArgumentParser:
     cost.set_defaults(func=cmd_plan)
 
     sub.add_parser(
-        "pipeline", help="split a model across pools of mixed GPUs (PPipe): `pipeline plan ...`"
-    ).set_defaults(func=lambda ns: _usage("layerbatch pipeline plan --help"))
+        "pipeline",
+        help="split models across pools of mixed GPUs (PPipe): `pipeline plan|sim ...`",
+    ).set_defaults(
+        func=lambda ns: _usage("layerbatch pipeline plan --help, or layerbatch pipeline sim --help")
+    )
 
     traces = sub.add_parser("traces", help="list the network traces shipped with layerbatch")
     traces.set_defaults(func=cmd_traces)
@@ -348,21 +356,76 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
 def pipeline_plan_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="layerbatch pipeline plan",
-        description="Pooled pipelines for one model on a mixed GPU cluster (PPipe MILP, HiGHS).",
+        description="Pooled pipelines for one or several models on a mixed GPU cluster (PPipe "
+        "MILP, HiGHS). Models come from PPipe block timings (--profiles, --model) or from "
+        "layerbatch.profile/1 files grouped into N equal-time blocks (--profile, --blocks).",
     )
     p.add_argument("--profiles", default=None, help="PPipe block timings (default: bundled)")
-    p.add_argument("--model", default="repvgg-b3")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="model in --profiles (default repvgg-b3); repeat for several models",
+    )
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=None,
+        metavar="[GPU=]FILE",
+        help="layerbatch.profile/1 file, one per GPU type (GPU: its device up to the first "
+        "'-' unless given); files of several models plan them together",
+    )
+    p.add_argument(
+        "--blocks", type=_positive_int, default=None, help="--profile: N blocks (default 10)"
+    )
     p.add_argument(
         "--cluster",
         required=True,
         help='JSON: {"gpus": {"L4": {"count", "per_server"}}, "nic_gbps"}',
     )
-    p.add_argument("--slo-ms", type=_positive_float, required=True)
+    p.add_argument(
+        "--slo-ms", required=True, help="SLO in ms, or per model: NAME=MS,... (several models)"
+    )
+    p.add_argument(
+        "--share",
+        default=None,
+        help="several models: workload shares NAME=SHARE,... (default equal); maximises the "
+        "smallest throughput / share",
+    )
     p.add_argument("--margin", type=float, default=0.1, help="share of the SLO kept back")
     p.add_argument("--max-parts", type=_positive_int, default=3)
     p.add_argument("--mps", type=_positive_int, default=4, help="highest MPS level")
-    p.add_argument("--system", choices=("ppipe", "np"), default="ppipe")
+    p.add_argument("--system", choices=("ppipe", "np", "dart-r"), default="ppipe")
     p.add_argument("--time-limit-s", type=_positive_float, default=None)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def pipeline_sim_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="layerbatch pipeline sim",
+        description="Simulate a pipeline plan's data plane (PPipe reservation-based batching or "
+        "the reactive baseline): SLO attainment at a load factor, or against load factor.",
+    )
+    p.add_argument("--plan", required=True, help="plan JSON from `layerbatch pipeline plan --json`")
+    p.add_argument("--profiles", default=None, help="PPipe block timings (default: bundled)")
+    p.add_argument("--model", default="repvgg-b3", help="the model the plan was made for")
+    p.add_argument("--cluster", required=True, help="the cluster JSON the plan was made for")
+    p.add_argument("--slo-ms", type=_positive_float, required=True, help="the plan's SLO")
+    p.add_argument(
+        "--load-factor", type=_positive_float, default=0.9, help="rate / plan throughput (0.9)"
+    )
+    p.add_argument("--sweep", action="store_true", help="load factors 0.05..1.0 step 0.05")
+    p.add_argument("--arrival", choices=("poisson", "trace"), default="poisson")
+    p.add_argument(
+        "--trace", default=None, help="request trace for --arrival trace (bundled Azure)"
+    )
+    p.add_argument("--policy", choices=("ppipe", "reactive"), default="ppipe")
+    p.add_argument("--duration-s", type=_positive_float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--noise-sigma", type=float, default=0.02, help="GPU time log-normal sigma (0.02)"
+    )
     p.add_argument("--json", action="store_true")
     return p
 
@@ -902,9 +965,117 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
+    import contextlib
+    from collections.abc import Iterator
+
+    from scheduler.pipeline.blocks import load_block_models
     from scheduler.pipeline.milp import Cluster, solve
+    from scheduler.pipeline.profiles import ModelProfiles, load_model_profiles
+    from scheduler.pipeline.shares import Workload, parse_named_numbers, solve_models
+    from scheduler.validate import read_json
+
+    cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
+    models: list[ModelProfiles]
+    if ns.profile:
+        if ns.profiles or ns.model:
+            raise UsageError("layerbatch: give --profile files or --profiles/--model, not both")
+        models = [g.profiles for g in load_block_models(ns.profile, ns.blocks or 10)]
+    else:
+        if ns.blocks is not None:
+            raise UsageError(
+                "layerbatch: --blocks groups --profile files (PPipe timings are blocks)"
+            )
+        bundled = BUNDLED_PROFILES / "cloud"
+        profiles_dir = Path(ns.profiles) if ns.profiles else bundled / "ppipe"
+        transfer = None if ns.profiles else bundled / "ppipe-transfer-sizes"
+        models = [
+            load_model_profiles(profiles_dir, name, gpus=list(cluster.gpus), transfer_dir=transfer)
+            for name in ns.model or ["repvgg-b3"]
+        ]
+    names = [m.model for m in models]
+    try:
+        slo = {name: _positive_float(ns.slo_ms) for name in names}
+    except argparse.ArgumentTypeError:
+        slo = parse_named_numbers(ns.slo_ms, "--slo-ms")
+    shares = parse_named_numbers(ns.share, "--share") if ns.share else dict.fromkeys(names, 1.0)
+    for flag, given in (("--slo-ms", slo), ("--share", shares)):
+        if sorted(given) != sorted(names):
+            raise InputError(flag, "", f"one value per model ({', '.join(names)})", sorted(given))
+
+    @contextlib.contextmanager
+    def solver_prints_to_stderr() -> Iterator[None]:
+        """HiGHS may printf debug lines to fd 1; keep stdout (e.g. --json) clean."""
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+    def show(pipelines: list[dict[str, Any]]) -> None:
+        for p in pipelines:
+            parts = "  |  ".join(
+                f"blocks {q['blocks'][0]}-{q['blocks'][1]} on {q['workers']} x "
+                f"{q['gpu']}/{q['mps']}"
+                for q in p["partitions"]
+            )
+            print(
+                f"  {p['throughput_rps']:8.1f} req/s  batch {p['batch']}  "
+                f"{p['latency_ms']:.1f} ms  {parts}"
+            )
+
+    if len(models) == 1:
+        with solver_prints_to_stderr():
+            plan = solve(
+                models[0], cluster, slo[names[0]], ns.margin, ns.max_parts, ns.mps, ns.system,
+                ns.time_limit_s, clock=time.perf_counter,
+            )  # fmt: skip
+        doc = plan.to_json()
+        if ns.json:
+            print(json.dumps(doc, indent=1))
+            return 0
+        gap = "-" if plan.gap is None else f"{plan.gap:.2g}"
+        print(
+            f"{names[0]} ({ns.system}): {doc['throughput_rps']:.1f} req/s, {doc['status']}, "
+            f"gap {gap}, solved in {doc['solve_s']:.2f} s"
+        )
+        show(doc["pipelines"])
+        return 0
+    workloads = [Workload(m, shares[m.model], slo[m.model]) for m in models]
+    with solver_prints_to_stderr():
+        many = solve_models(
+            workloads, cluster, ns.margin, ns.max_parts, ns.mps, ns.system, ns.time_limit_s,
+            clock=time.perf_counter,
+        )  # fmt: skip
+    if ns.json:
+        print(json.dumps(many.to_json(), indent=1))
+        return 0
+    print(
+        f"{len(models)} models ({ns.system}): smallest throughput / share "
+        f"{many.normalized_rps:.1f} req/s, total {many.throughput_rps:.1f} req/s, "
+        f"{many.status}, gap {'-' if many.gap is None else f'{many.gap:.2g}'}, "
+        f"solved in {many.solve_s or 0.0:.2f} s"
+    )
+    for name, entry in many.models.items():
+        print(
+            f" {name}: share {entry.share:g}, SLO {entry.slo_ms:g} ms, "
+            f"{entry.plan.throughput_rps:.1f} req/s"
+        )
+        show(entry.plan.to_json()["pipelines"])
+    return 0
+
+
+def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
+    import numpy as np
+
+    from scheduler.pipeline.milp import Cluster
     from scheduler.pipeline.profiles import load_model_profiles
     from scheduler.validate import read_json
+    from sim.pipeline_plan_file import plan_from_json
+    from sim.pipeline_plane import PlaneConfig, load_factor_sweep, run_plane
+    from traces.arrivals import load_timestamps
 
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
     bundled = BUNDLED_PROFILES / "cloud"
@@ -913,26 +1084,50 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
     profiles = load_model_profiles(
         profiles_dir, ns.model, gpus=list(cluster.gpus), transfer_dir=transfer
     )
-    plan = solve(
-        profiles, cluster, ns.slo_ms, ns.margin, ns.max_parts, ns.mps, ns.system,
-        ns.time_limit_s, clock=time.perf_counter,
-    )  # fmt: skip
-    doc = plan.to_json()
-    if ns.json:
-        print(json.dumps(doc, indent=1))
-        return 0
-    print(
-        f"{ns.model} ({ns.system}): {doc['throughput_rps']:.1f} req/s, {doc['status']}, "
-        f"gap {doc['gap']}, solved in {doc['solve_s']:.2f} s"
-    )
-    for p in doc["pipelines"]:
-        parts = "  |  ".join(
-            f"blocks {q['blocks'][0]}-{q['blocks'][1]} on {q['workers']} x {q['gpu']}/{q['mps']}"
-            for q in p["partitions"]
-        )
+    plan = plan_from_json(read_json(ns.plan, "pipeline plan"), profiles, cluster, ns.plan)
+    trace = load_timestamps(ns.trace or BUNDLED_TRACE) if ns.arrival == "trace" else None
+    config = PlaneConfig(noise_sigma=ns.noise_sigma)
+    rng = np.random.default_rng(ns.seed)
+    if ns.sweep:
+        sweep = load_factor_sweep(
+            profiles, cluster, plan, ns.slo_ms, ns.policy, ns.arrival, ns.duration_s, rng,
+            trace_s=trace, config=config,
+        )  # fmt: skip
+        if ns.json:
+            print(json.dumps(sweep.to_json(), indent=1))
+            return 0
         print(
-            f"  {p['throughput_rps']:8.1f} req/s  batch {p['batch']}  {p['latency_ms']:.1f} ms  {parts}"
+            f"{ns.model} {ns.policy}, {ns.arrival} arrivals, {ns.duration_s:g} s per load factor "
+            f"(plan {plan.throughput_rps:.1f} req/s)"
         )
+        for pt in sweep.points:
+            print(
+                f"  load {pt.load_factor:4.2f}  {pt.rate_rps:8.1f} req/s  attainment "
+                f"{pt.attainment:.4f}  dropped {pt.dropped}"
+            )
+        best = "none" if sweep.max_load_factor is None else f"{sweep.max_load_factor:.2f}"
+        print(f"highest load factor with attainment >= 0.99: {best}")
+        return 0
+    res = run_plane(
+        profiles, cluster, plan, ns.slo_ms, ns.policy, ns.arrival, ns.load_factor,
+        ns.duration_s, rng, trace_s=trace, config=config,
+    )  # fmt: skip
+    if ns.json:
+        print(json.dumps(res.to_json(), indent=1))
+        return 0
+    util = ", ".join(f"{g} {u:.2f}" for g, u in sorted(res.utilisation.items()))
+    p50 = "-" if res.p50_ms is None else f"{res.p50_ms:.1f}"
+    p99 = "-" if res.p99_ms is None else f"{res.p99_ms:.1f}"
+    print(
+        f"{ns.model} {ns.policy}, {ns.arrival} at {res.load_factor:g} x {plan.throughput_rps:.1f}"
+        f" = {res.rate_rps:.1f} req/s for {res.duration_s:g} s: attainment {res.attainment:.4f}"
+    )
+    print(
+        f"  {res.requests} requests, {res.on_time} on time, {res.late} late, {res.dropped} "
+        f"dropped; p50 {p50} ms, p99 {p99} ms; {res.batches} batches"
+        + ("" if res.mean_batch is None else f" (mean {res.mean_batch:.2f})")
+    )
+    print(f"  utilisation: {util}")
     return 0
 
 

@@ -53,3 +53,78 @@ def test_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     bad.write_text(json.dumps({"gpus": {"H100": {"count": 2, "per_server": 2}}, "nic_gbps": 10}))
     code, _, err = run(["pipeline", "plan", "--cluster", str(bad), "--slo-ms", "40"], capsys)
     assert code == 2 and "H100" in err and len(err.strip().splitlines()) == 1
+
+
+SHIPPED = Path(layerbatch.__file__).resolve().parent / "traces" / "data" / "profiles"
+
+
+def test_dart_r_pairs_l4_with_t4_below_ppipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(CLUSTER))
+    base = ["pipeline", "plan", "--cluster", str(cluster), "--slo-ms", "48.98", "--margin", "0.4"]
+    docs = {}
+    for system in ("ppipe", "np", "dart-r"):
+        code, out, _ = run([*base, "--json", "--system", system], capsys)
+        assert code == 0
+        docs[system] = json.loads(out)
+    dart = docs["dart-r"]
+    assert dart["status"] == "optimal" and dart["gap"] == 0.0
+    assert dart["throughput_rps"] <= docs["ppipe"]["throughput_rps"]
+    # repvgg-b3: 4 (L4, T4) pairs; the 4 leftover T4 cannot run it alone within 0.6 x SLO.
+    (chain,) = dart["pipelines"]
+    assert [q["gpu"] for q in chain["partitions"]] == ["L4", "T4"]
+    assert [q["workers"] for q in chain["partitions"]] == [4, 4]
+    code, out, _ = run([*base, "--system", "dart-r"], capsys)
+    assert code == 0 and out.startswith("repvgg-b3 (dart-r): ")
+
+
+def test_profile_files_grouped_into_blocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(
+        json.dumps(
+            {
+                "gpus": {
+                    "V100": {"count": 2, "per_server": 2},
+                    "T4": {"count": 4, "per_server": 2},
+                },
+                "nic_gbps": 10,
+            }
+        )
+    )
+    args = ["pipeline", "plan", "--cluster", str(cluster), "--slo-ms", "60", "--margin", "0.4"]
+    files = ["--profile", str(SHIPPED / "repvgg-b3-V100.json")]
+    files += ["--profile", str(SHIPPED / "repvgg-b3-T4.json")]
+    code, out, err = run([*args, *files, "--blocks", "5", "--max-parts", "2", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["status"] == "optimal" and doc["throughput_rps"] > 0
+    assert all(p["partitions"][-1]["blocks"][1] == 5 for p in doc["pipelines"])
+    code, _, err = run([*args, *files, "--model", "repvgg-b3"], capsys)
+    assert code == 2 and "not both" in err
+    code, _, err = run([*args, "--blocks", "5"], capsys)
+    assert code == 2 and "--blocks" in err
+
+
+def test_two_models_with_shares(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(CLUSTER))
+    args = ["pipeline", "plan", "--cluster", str(cluster), "--margin", "0.4", "--mps", "2"]
+    args += ["--model", "repvgg-b3", "--model", "googlenet-v3-pytorch"]
+    slo = ["--slo-ms", "repvgg-b3=48.98,googlenet-v3-pytorch=26.04"]
+    share = ["--share", "repvgg-b3=1,googlenet-v3-pytorch=3"]
+    code, out, err = run([*args, *slo, *share, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    t = doc["normalized_rps"]
+    assert doc["status"] == "optimal" and t > 0
+    assert doc["models"]["repvgg-b3"]["throughput_rps"] >= 1 * t * (1 - 1e-6)
+    assert doc["models"]["googlenet-v3-pytorch"]["throughput_rps"] >= 3 * t * (1 - 1e-6)
+    assert doc["models"]["googlenet-v3-pytorch"]["slo_ms"] == 26.04
+    code, out, _ = run([*args, "--slo-ms", "40"], capsys)  # one SLO, equal shares
+    assert code == 0 and out.startswith("2 models (ppipe): smallest throughput / share")
+    code, _, err = run([*args, *slo, "--share", "repvgg-b3=1"], capsys)
+    assert code == 2 and "one value per model" in err and len(err.strip().splitlines()) == 1

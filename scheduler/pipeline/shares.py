@@ -1,0 +1,136 @@
+"""Several models on one cluster: maximise the smallest throughput / workload share (PPipe 3).
+
+Paper 004, section 3 ("In the presence of multiple DNN models, given the ratio between the DNNs'
+workloads, the MILP formulation computes the normalized throughput for each DNN (throughput
+divided by the DNN's workload percentage), and maximizes the lowest normalized throughput") and
+A.1 ("each DNN model has its own set of decision variables and constraints, with the additional
+constraint that the total number of GPUs allocated to all DNN models does not exceed the
+cluster configuration"). Formulation (solved by `scheduler.pipeline.milp.solve_candidates`):
+
+    maximise   t
+    s.t.       sum_{c of g} x_c >= share_g * t                        for every model g
+               x_c <= r_{c,d} w_{c,d};  sum_{c of g at (d,k)} w / m <= n_{g,d,k}   (per model g)
+               sum_{g,d} n_{g,d,k} <= N_k                             for every GPU type k
+
+with each model's candidates built for its own SLO (same margin, P and MPS limit). A physical GPU
+serves one model. A second solve keeps t and maximises total throughput, so GPUs the bottleneck
+model cannot use still serve the others. Shares are positive weights (they need not sum to 1):
+t is the rate at which every model g gets at least share_g * t. Size: the union of the models'
+MILPs plus G rows and one column; no screening (that is the one-model path).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from scheduler.errors import InputError
+from scheduler.pipeline.cluster import Cluster
+from scheduler.pipeline.milp import (
+    candidates_or_refusal,
+    check_limits,
+    solve_candidates,
+    system_limits,
+)
+from scheduler.pipeline.plan import ModelShare, ModelsPlan
+from scheduler.pipeline.profiles import ModelProfiles
+
+MODEL_SYSTEMS = ("ppipe", "np")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model to serve: its block profiles, its workload share and its SLO."""
+
+    profiles: ModelProfiles
+    share: float
+    slo_ms: float
+
+
+def plan_models(
+    workloads: Sequence[Workload],
+    cluster: Cluster,
+    margin: float = 0.1,
+    max_parts: int = 3,
+    max_mps: int = 4,
+    system: str = "ppipe",
+    time_limit_s: float | None = None,
+    mip_rel_gap: float = 1e-4,
+) -> ModelsPlan:
+    """Solve the multi-model MILP (module docstring); pure, `solve_s` None.
+
+    Guarantees: with status "optimal", every model g gets at least share_g * t (t =
+    `normalized_rps`, optimal within the gap), its pipelines meet its SLO with the margin, and
+    all models together use at most the cluster's GPUs. Raises InputError for no models, a model
+    named twice, a share that is not a positive number, system dart-r, and everything
+    `plan_pipelines` refuses (naming the model whose SLO no pipeline meets).
+    """
+    if system not in MODEL_SYSTEMS:
+        raise InputError(
+            "plan", "system", f"one of {', '.join(MODEL_SYSTEMS)} for several models", system
+        )
+    check_limits(system, max_parts, max_mps)
+    if not workloads:
+        raise InputError("plan", "models", "at least one model")
+    names = [w.profiles.model for w in workloads]
+    for name in names:
+        if names.count(name) > 1:
+            raise InputError("plan", "models", "each model once", name)
+    for w in workloads:
+        if not isinstance(w.share, int | float) or not (math.isfinite(w.share) and w.share > 0):
+            raise InputError("plan", f"share.{w.profiles.model}", "a positive number", w.share)
+    parts, mps = system_limits(system, max_parts, max_mps)
+    groups = [
+        candidates_or_refusal(w.profiles, cluster, w.slo_ms, margin, parts, mps, system)
+        for w in workloads
+    ]
+    shares = [float(w.share) for w in workloads]
+    result = solve_candidates(groups, cluster, shares, time_limit_s, mip_rel_gap)
+    models = {
+        w.profiles.model: ModelShare(float(w.share), w.slo_ms, plan)
+        for w, plan in zip(workloads, result.plans, strict=True)
+    }
+    return ModelsPlan(result.normalized_rps, result.status, result.gap, None, models)
+
+
+def solve_models(
+    workloads: Sequence[Workload],
+    cluster: Cluster,
+    margin: float = 0.1,
+    max_parts: int = 3,
+    max_mps: int = 4,
+    system: str = "ppipe",
+    time_limit_s: float | None = None,
+    clock: Callable[[], float] | None = None,
+    mip_rel_gap: float = 1e-4,
+) -> ModelsPlan:
+    """`plan_models`, timed with the caller's `clock` (seconds), like `milp.solve`."""
+    start_s = clock() if clock is not None else None
+    plan = plan_models(
+        workloads, cluster, margin, max_parts, max_mps, system, time_limit_s, mip_rel_gap
+    )
+    if clock is None or start_s is None:
+        return plan
+    elapsed = clock() - start_s
+    models = {
+        name: replace(entry, plan=replace(entry.plan, solve_s=elapsed))
+        for name, entry in plan.models.items()
+    }
+    return replace(plan, solve_s=elapsed, models=models)
+
+
+def parse_named_numbers(text: str, field: str) -> dict[str, float]:
+    """`"A=0.5,B=0.5"` -> {"A": 0.5, "B": 0.5}; InputError naming `field` for anything else
+    (a missing '=', a name given twice, a number that is not positive and finite)."""
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not name or not (math.isfinite(number) and number > 0) or name in out:
+            raise InputError(field, "", "NAME=POSITIVE_NUMBER,... with each name once", text)
+        out[name] = number
+    return out
