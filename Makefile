@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck pytest bench clean
+.PHONY: setup demo test lint typecheck pytest bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,20 @@ bench: setup
 	$(BIN)/python bench/layerexec_overhead.py
 	$(BIN)/python bench/server_vs_sim.py
 	$(BIN)/python bench/server_capacity.py
+
+# issue 9: layerbatch against Triton (PyTriton), Ray Serve and TorchServe, the full run (hours);
+# the peers live in their own venv, never in .venv; `make bench-peers PEERS_ARGS=--quick` for a quick one
+PEERS_VENV ?= .venv-peers
+PEERS_ARGS ?=
+bench-peers: setup $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python bench/peers.py $(PEERS_ARGS)
+
+$(PEERS_VENV)/.installed: bench/requirements-peers.txt
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet $(TORCH_PIN)
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

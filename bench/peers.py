@@ -1,0 +1,1218 @@
+"""layerbatch against the servers users would pick instead (issue 9): NVIDIA Triton (PyTriton, its
+dynamic batcher), Ray Serve (`@serve.batch`) and TorchServe (its batching), measured in one run
+on this machine.
+
+Every server serves one model at a time (resnet18, mobilenet_v2, googlenet; the torchvision
+definition under layerexec's seed, so the same weights) with 2 torch intra-op threads, decodes
+and resizes the same JPEG frames server-side with the same code (bench/peers_model.py calls
+layerexec's own `rgb_tensor` after the same `cv2.imdecode`), and runs the model channels-last
+under inference mode as layerbatch's executor does. One load generator (this file) sends the same
+open-loop arrivals to every server, each in its own protocol: layerbatch's msgpack /v1/infer (with
+the deadline), Triton's KServe v2 HTTP (the JPEG as a BYTES tensor in the binary extension), Ray
+Serve's HTTP route and TorchServe's /predictions (the JPEG as the body). A request is timed from
+the moment it was due to be sent to its answer, and is on time when answered OK within the
+deadline; the client gives up on a request at its deadline (as a camera would: a late frame is
+worthless), which lets a server that cancels abandoned requests (layerbatch, Ray Serve) shed them.
+
+For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson; the Azure LLM
+code trace rescaled to the rate), the capacity is the highest rate whose on-time ratio is >= 0.9,
+found by a search on the rate (grow/shrink by 1.5x from the compute bound, then bisection to a
+tolerance). Each peer's batching knobs are tuned over a stated grid (max batch x max delay; the
+best by capacity, then by on-time ratio at the rate above it) and its best is the one reported;
+Triton also rejects a request that has queued longer than the deadline (its queue policy), and Ray
+Serve takes up to 256 requests at once per replica (`max_ongoing_requests`), both of which only
+help them. layerbatch runs its default policy (dp-tardy).
+
+The compute bound is the highest rate a plain batch-1 decode + forward can sustain on 2 threads:
+1000 / (decode_ms + forward_ms), medians over the frames, the faster memory layout; it is measured
+before and after each model's servers (the machine is shared: both are reported, the mean used).
+
+Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the full benchmark):
+
+    .venv-peers/bin/python bench/peers.py --quick     # resnet18, 300 ms, short runs, 2x2 grid
+    .venv-peers/bin/python bench/peers.py             # full: 3 models x {300, 1000} ms, 4x3 grid
+    .venv-peers/bin/python bench/peers.py --servers layerbatch,triton --models mobilenet_v2
+
+Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
+out/peers/. The pure parts (search, trace rescaling, summaries, table) are tested in
+tests/test_peers_bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SERVERS = ("layerbatch", "triton", "ray", "torchserve")
+PEERS = SERVERS[1:]
+MODELS = ("resnet18", "mobilenet_v2", "googlenet")
+THRESHOLD = 0.9
+THREADS = 2
+AZURE_TRACE = ROOT / "traces" / "data" / "request_traces" / "AzureLLMInferenceTrace_code.csv"
+MAIN_PY = ROOT / ".venv" / "bin" / "python"
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """A server's batching knobs: at most `max_batch` requests per batch, waiting at most
+    `delay_ms` for more (max_batch 0: the server has none to tune, i.e. layerbatch)."""
+
+    max_batch: int = 0
+    delay_ms: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.max_batch == 0:
+            return "default"
+        if self.max_batch == 1:
+            return "B=1"
+        return f"B={self.max_batch},{self.delay_ms:g}ms"
+
+
+def tuning_grid(batches: Sequence[int], delays: Sequence[float]) -> list[Knobs]:
+    """Every (max batch, max delay); with a batch of 1 the delay means nothing, so once."""
+    out: list[Knobs] = []
+    for b in batches:
+        for d in [delays[0]] if b == 1 else delays:
+            out.append(Knobs(int(b), float(d if b > 1 else 0.0)))
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class Sample:
+    due_s: float  # when it was due to be sent, from the start of the run
+    status: str  # "ok", "dropped", "timeout", "error", "http-<code>"
+    ms: float  # from due time to answer (or to giving up)
+
+
+def summarize(samples: Sequence[Sample], deadline_ms: float, duration_s: float) -> dict[str, Any]:
+    """On-time ratio (answered OK within the deadline), mean and p99 of the answered-OK requests'
+    completion times, and counts."""
+    n = len(samples)
+    ok = [s.ms for s in samples if s.status == "ok"]
+    on_time = sum(1 for s in samples if s.status == "ok" and s.ms <= deadline_ms)
+    return {
+        "requests": n,
+        "on_time_ratio": round(on_time / n, 4) if n else None,
+        "served": len(ok),
+        "dropped": sum(s.status == "dropped" for s in samples),
+        "timeouts": sum(s.status == "timeout" for s in samples),
+        "errors": sum(s.status not in ("ok", "dropped", "timeout") for s in samples),
+        "mean_ms": round(float(np.mean(ok)), 2) if ok else None,
+        "p99_ms": round(float(np.percentile(ok, 99)), 2) if ok else None,
+        "goodput_rps": round(on_time / duration_s, 2) if duration_s > 0 else None,
+    }
+
+
+def round_rate(rate: float) -> float:
+    """Rates are kept to 0.1 req/s (so that runs can be looked up by rate)."""
+    return round(max(rate, 0.1), 1)
+
+
+@dataclass
+class RateSearch:
+    """The capacity search on the rate: from `start`, grow (x`grow`) while on time, shrink while
+    not, then bisect (geometric mean) until hi / lo <= 1 + tol. `lo`/`hi` may be known already
+    (rates known on time / not). The capacity is `lo` (0 when no rate >= `min_rate` was)."""
+
+    start: float
+    tol: float = 0.1
+    grow: float = 1.5
+    min_rate: float = 0.5
+    max_rate: float = 1000.0
+    lo: float | None = None
+    hi: float | None = None
+    tried: list[tuple[float, bool]] = field(default_factory=list)
+
+    def record(self, rate: float, ok: bool) -> None:
+        self.tried.append((rate, ok))
+        if ok and (self.lo is None or rate > self.lo):
+            self.lo = rate
+        if not ok and (self.hi is None or rate < self.hi):
+            self.hi = rate
+        if self.lo is not None and self.hi is not None and self.lo >= self.hi:
+            # noise: a higher rate was on time, a lower one not; trust the lower failure
+            self.lo = max((r for r, k in self.tried if k and r < self.hi), default=None)
+
+    def next_rate(self) -> float | None:
+        lo, hi = self.lo, self.hi
+        if lo is None and hi is None:
+            r = self.start
+        elif lo is None:
+            assert hi is not None
+            if hi <= self.min_rate:
+                return None
+            r = max(hi / self.grow, self.min_rate)
+        elif hi is None:
+            if lo >= self.max_rate:
+                return None
+            r = min(lo * self.grow, self.max_rate)
+        else:
+            if hi / lo <= 1.0 + self.tol:
+                return None
+            r = math.sqrt(lo * hi)
+        r = round_rate(r)
+        if any(r == t for t, _ in self.tried):
+            return None  # the rate grid is too coarse to go on
+        return r
+
+    @property
+    def capacity(self) -> float:
+        return self.lo or 0.0
+
+
+def poisson_arrivals_s(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    gaps = rng.exponential(1.0 / rate, int(rate * duration_s * 2) + 20)
+    t = np.cumsum(gaps)
+    out: np.ndarray = t[t < duration_s]
+    return out
+
+
+def trace_arrivals_s(
+    timestamps_s: np.ndarray, rate: float, n: int, max_gap: float = 30.0
+) -> np.ndarray:
+    """The first `n` arrivals of the trace rescaled so that its mean rate (over the whole trace)
+    is `rate` (traces/arrivals.py `recorded_ms`, looped if short), in seconds, with every idle gap
+    longer than `max_gap` mean inter-arrivals cut to that (the Azure code trace falls silent for
+    minutes; a server is idle either way, and a run should not wait for it). A count, not a
+    duration: a run needs requests."""
+    from traces.arrivals import recorded_ms
+
+    t = recorded_ms(timestamps_s, rate, n) / 1000.0
+    gaps = np.minimum(np.diff(t, prepend=t[:1]), max_gap / rate)
+    out: np.ndarray = np.cumsum(gaps)
+    return out
+
+
+def compute_bound_rps(decode_ms: float, forward_ms: float) -> float:
+    """The highest rate one plain batch-1 decode + forward at a time can sustain."""
+    return 1000.0 / (decode_ms + forward_ms)
+
+
+def best_knobs(caps: dict[Knobs, tuple[float, float]]) -> Knobs:
+    """The tuning winner: the highest capacity, then the highest on-time ratio at the first
+    rate it failed (how close it came), then the earlier-listed."""
+    return max(caps, key=lambda k: (caps[k][0], caps[k][1]))
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def table_rows(results: Sequence[dict[str, Any]], bounds: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per (model, deadline, arrival): every server's capacity (and knobs), the best
+    peer, layerbatch / best peer, and each capacity as a fraction of the compute bound."""
+    keys = list(dict.fromkeys((r["model"], r["deadline_ms"], r["arrival"]) for r in results))
+    rows = []
+    for model, deadline, arrival in keys:
+        mine = {
+            r["server"]: r
+            for r in results
+            if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, arrival)
+        }
+        caps = {s: mine[s]["capacity_rps"] for s in mine}
+        peers = {s: c for s, c in caps.items() if s != "layerbatch"}
+        best_peer = max(peers, key=lambda s: peers[s]) if peers else None
+        bound = bounds.get(model)
+        rows.append(
+            {
+                "model": model,
+                "deadline_ms": deadline,
+                "arrival": arrival,
+                "compute_bound_rps": round(bound, 2) if bound else None,
+                "capacity_rps": caps,
+                "knobs": {s: mine[s]["knobs"] for s in mine},
+                "fraction_of_bound": {s: ratio(c, bound) for s, c in caps.items()},
+                "best_peer": best_peer,
+                "layerbatch_over_best_peer": ratio(
+                    caps.get("layerbatch"), peers[best_peer] if best_peer else None
+                ),
+            }
+        )
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]], servers: Sequence[str]) -> str:
+    head = f"{'model':<13}{'deadline':>9} {'arrival':<8}{'bound':>7}"
+    head += "".join(f"{s:>12}" for s in servers) + f"{'best peer':>12}{'lb/peer':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        line = f"{r['model']:<13}{r['deadline_ms']:>7g}ms {r['arrival']:<8}"
+        line += f"{r['compute_bound_rps'] or 0:>7.1f}"
+        for s in servers:
+            c = r["capacity_rps"].get(s)
+            f = r["fraction_of_bound"].get(s)
+            line += f"{'-':>12}" if c is None else f"{c:>6.1f} ({f or 0:.2f})"
+        lb = r["layerbatch_over_best_peer"]
+        line += f"{r['best_peer'] or '-':>12}{'-' if lb is None else f'{lb:.2f}':>9}"
+        lines.append(line)
+    lines.append("capacity req/s at on-time ratio >= 0.9 (fraction of the compute bound)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the servers
+
+
+def free_port(span: int = 3) -> int:
+    """A port p with p .. p + span - 1 free (Triton and TorchServe use the next ones)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = int(s.getsockname()[1])
+        if p + span >= 65535:
+            continue
+        try:
+            socks = []
+            for q in range(p, p + span):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise RuntimeError("no free ports")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How the load generator talks to one server: the URL path, the body of one request, and
+    what an answer means."""
+
+    server: str
+    model: str
+
+    @property
+    def path(self) -> str:
+        return {
+            "layerbatch": "/v1/infer",
+            "triton": f"/v2/models/{self.model}/infer",
+            "ray": f"/{self.model}",
+            "torchserve": f"/predictions/{self.model}",
+        }[self.server]
+
+    def request(self, jpeg: bytes, deadline_ms: float) -> tuple[bytes, dict[str, str]]:
+        if self.server == "layerbatch":
+            import msgpack
+
+            body = {"app": self.model, "deadline_ms": deadline_ms, "payload": {"jpeg": jpeg}}
+            data: bytes = msgpack.packb(body, use_bin_type=True)
+            return data, {"Content-Type": "application/msgpack"}
+        if self.server == "triton":
+            return triton_body(jpeg)
+        return jpeg, {"Content-Type": "application/octet-stream"}
+
+    def answer(self, http_status: int, raw: bytes) -> tuple[str, int | None]:
+        """(status, top-1 class or None)."""
+        if http_status != 200:
+            return f"http-{http_status}", None
+        try:
+            if self.server == "layerbatch":
+                import msgpack
+
+                doc = msgpack.unpackb(raw)
+                status = str(doc.get("status", "error"))
+                top = doc.get("result", {}).get("top5") if status == "ok" else None
+                return status, int(top[0]["class"]) if top else None
+            doc = json.loads(raw)
+            if self.server == "triton":
+                out = {o["name"]: o["data"] for o in doc["outputs"]}
+                return "ok", int(out["classes"][0])
+            return "ok", int(doc["classes"][0])
+        except (ValueError, KeyError, TypeError, IndexError):
+            return "error", None
+
+
+def triton_body(jpeg: bytes) -> tuple[bytes, dict[str, str]]:
+    """A KServe v2 request with the JPEG as one BYTES element in Triton's binary extension (the
+    JSON header, then the element as a 4-byte little-endian length and the bytes)."""
+    blob = struct.pack("<I", len(jpeg)) + jpeg
+    header = {
+        "inputs": [
+            {
+                "name": "jpeg",
+                "shape": [1, 1],
+                "datatype": "BYTES",
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        ],
+        "outputs": [
+            {"name": "classes", "parameters": {"binary_data": False}},
+            {"name": "scores", "parameters": {"binary_data": False}},
+        ],
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return head + blob, {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(head)),
+    }
+
+
+def server_command(
+    server: str, model: str, knobs: Knobs, deadline_ms: float, port: int, policy: str
+) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEERS_TORCH_THREADS": str(THREADS)}
+    here = ROOT / "bench"
+    if server == "layerbatch":
+        cmd = [str(MAIN_PY), "-m", "layerbatch", "serve", "--apps", model]
+        cmd += ["--threads", str(THREADS), "--port", str(port), "--policy", policy]
+        cmd += ["--deadline-ms", f"{deadline_ms:g}"]
+        return cmd, env
+    py = sys.executable
+    common = ["--model", model, "--port", str(port), "--max-batch", str(knobs.max_batch)]
+    common += ["--delay-ms", f"{knobs.delay_ms:g}"]
+    if server == "triton":
+        libdir = str(sysconfig.get_config_var("LIBDIR"))
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p
+        )
+        return [
+            py,
+            str(here / "peers_triton.py"),
+            *common,
+            "--deadline-ms",
+            f"{deadline_ms:g}",
+        ], env
+    if server == "ray":
+        return [py, str(here / "peers_ray.py"), *common], env
+    if server == "torchserve":
+        return [py, str(here / "peers_torchserve.py"), *common], env
+    raise ValueError(f"unknown server {server!r}: expected one of {', '.join(SERVERS)}")
+
+
+class Running:
+    """One server process (its own process group, so that everything it started stops with it)."""
+
+    def __init__(
+        self,
+        server: str,
+        model: str,
+        knobs: Knobs,
+        deadline_ms: float,
+        logdir: Path,
+        policy: str = "dp-tardy",
+    ) -> None:
+        self.server, self.model, self.knobs = server, model, knobs
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd, env = server_command(server, model, knobs, deadline_ms, self.port, policy)
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.log = logdir / f"{server}-{model}-{knobs.label.replace(',', '_')}-{self.port}.log"
+        self._logf = self.log.open("wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.started = time.monotonic()
+        self.ready_s: float | None = None
+        self.pids: list[int] = []
+
+    def descendants(self) -> list[int]:
+        """The process ids in this server's process group (for the profiler and for stopping)."""
+        out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True)
+        return [
+            int(p)
+            for p, g in (ln.split() for ln in out.stdout.splitlines() if ln.strip())
+            if int(g) == self.proc.pid
+        ]
+
+    def stop(self) -> None:
+        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait_s
+            while time.monotonic() < end and self.descendants():
+                self.proc.poll()
+                time.sleep(0.3)
+            if not self.descendants():
+                break
+        self.proc.poll()
+        self._logf.close()
+
+    def tail(self, n: int = 1500) -> str:
+        return self.log.read_bytes()[-n:].decode(errors="replace")
+
+
+# ----------------------------------------------------------------------------- the load
+
+
+class Load:
+    """The open-loop load generator for one running server: the same arrivals and frames for
+    every server, each request in that server's protocol."""
+
+    def __init__(self, run: Running, frames: Sequence[bytes], deadline_ms: float) -> None:
+        import aiohttp
+
+        self.run = run
+        self.proto = Protocol(run.server, run.model)
+        self.deadline_ms = deadline_ms
+        self.bodies = [self.proto.request(f, deadline_ms) for f in frames]
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        self.idle_ms: float | None = None
+        self.top1: int | None = None
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def one(self, i: int, give_up_s: float) -> tuple[str, float, int | None]:
+        import aiohttp
+
+        loop = asyncio.get_running_loop()
+        body, headers = self.bodies[i % len(self.bodies)]
+        t0 = loop.time()
+        try:
+            async with self.session.post(
+                self.run.url + self.proto.path,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=give_up_s),
+            ) as r:
+                raw = await r.read()
+                status, top1 = self.proto.answer(r.status, raw)
+        except TimeoutError:
+            status, top1 = "timeout", None
+        except (aiohttp.ClientError, OSError):
+            status, top1 = "error", None
+        return status, (loop.time() - t0) * 1000.0, top1
+
+    async def ready(self, timeout_s: float = 600.0) -> None:
+        """Until a probe is answered OK (then a short warm-up and the idle latency)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            if self.run.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.run.server} exited ({self.run.proc.returncode}):\n{self.run.tail()}"
+                )
+            status, _, top1 = await self.one(0, 30.0)
+            if status == "ok":
+                self.top1 = top1
+                break
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.run.server} not ready in {timeout_s:g} s")
+            await asyncio.sleep(1.0)
+        self.run.ready_s = time.monotonic() - self.run.started
+        lat = [(await self.one(i, 30.0))[1] for i in range(12)]
+        self.idle_ms = float(np.median(lat[4:]))
+
+    async def quiesce(self, max_s: float = 60.0) -> float:
+        """Wait until a backlog left by an overloaded run (e.g. requests the client gave up on,
+        which TorchServe and Triton still run) has drained: until a probe is answered within
+        max(2 x the idle latency + 30 ms, half the deadline); after 20 s, also once two probes in
+        a row take about as long (no longer draining: the machine is just busier now)."""
+        assert self.idle_ms is not None
+        t0 = time.monotonic()
+        ok_ms = max(2.0 * self.idle_ms + 30.0, 0.5 * self.deadline_ms)
+        prev: float | None = None
+        while time.monotonic() - t0 < max_s:
+            status, ms, _ = await self.one(0, 30.0)
+            if status == "ok" and (
+                ms <= ok_ms
+                or (time.monotonic() - t0 > 20.0 and prev is not None and ms >= 0.9 * prev)
+            ):
+                break
+            prev = ms if status == "ok" else None
+            await asyncio.sleep(0.3)
+        return time.monotonic() - t0
+
+    async def run_arrivals(self, arrivals_s: np.ndarray, give_up_s: float) -> list[Sample]:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
+
+        async def send(i: int, due: float) -> Sample:
+            status, _, _ = await self.one(i, give_up_s)
+            return Sample(due, status, (loop.time() - (start + due)) * 1000.0)
+
+        tasks = []
+        for i, due in enumerate(arrivals_s):
+            delay = start + float(due) - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(i, float(due))))
+        return list(await asyncio.gather(*tasks))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured rate: its samples and how long the arrivals lasted."""
+
+    samples: list[Sample]
+    duration_s: float
+
+    def summary(self, deadline_ms: float) -> dict[str, Any]:
+        return summarize(self.samples, deadline_ms, self.duration_s)
+
+
+Cache = dict[tuple[str, float], Run]  # (arrival, rate) -> run, for one server start
+
+
+@dataclass
+class Settings:
+    models: list[str]
+    deadlines: list[float]
+    servers: list[str]
+    arrivals: list[str]
+    grid: list[Knobs]
+    duration_s: float
+    tune_duration_s: float
+    min_requests: int
+    tol: float
+    tune_tol: float
+    seed: int
+    policy: str
+    out: Path
+    logdir: Path
+    profile_s: float
+    profile_rate: float | None
+    interleave: list[float]
+    rounds: int
+
+
+def arrivals_for(kind: str, rate: float, duration_s: float, seed: int, trace: np.ndarray) -> Any:
+    """Poisson arrivals for `duration_s`, or as many of the trace's (rescaled) as Poisson would
+    send in that time on average."""
+    if kind == "poisson":
+        return poisson_arrivals_s(rate, duration_s, np.random.default_rng([seed, int(rate * 10)]))
+    return trace_arrivals_s(trace, rate, max(2, round(rate * duration_s)))
+
+
+class Bench:
+    def __init__(self, st: Settings, frames: list[bytes], trace: np.ndarray) -> None:
+        self.st, self.frames, self.trace = st, frames, trace
+        self.results: list[dict[str, Any]] = []
+        self.tuning: list[dict[str, Any]] = []
+        self.bounds: dict[str, dict[str, Any]] = {}
+        self.checks: dict[str, dict[str, Any]] = {}
+
+    def duration(self, rate: float, tuning: bool) -> float:
+        d = self.st.tune_duration_s if tuning else self.st.duration_s
+        return max(d, self.st.min_requests / rate)
+
+    async def measure(
+        self, load: Load, cache: Cache, arrival: str, rate: float, tuning: bool
+    ) -> Run:
+        key = (arrival, rate)
+        if key not in cache:
+            dur = self.duration(rate, tuning)
+            arr = arrivals_for(arrival, rate, dur, self.st.seed, self.trace)
+            dur = max(dur, float(arr[-1])) if len(arr) else dur
+            cache[key] = Run(await load.run_arrivals(arr, load.deadline_ms / 1000.0), dur)
+            await load.quiesce()
+        return cache[key]
+
+    async def search(
+        self,
+        load: Load,
+        cache: Cache,
+        arrival: str,
+        deadline: float,
+        start: float,
+        tol: float,
+        tuning: bool,
+        known: Sequence[tuple[float, bool]] = (),
+    ) -> RateSearch:
+        rs = RateSearch(start, tol)
+        for r, ok in known:
+            rs.record(r, ok)
+        while (r := rs.next_rate()) is not None:
+            s = (await self.measure(load, cache, arrival, r, tuning)).summary(deadline)
+            rs.record(r, (s["on_time_ratio"] or 0.0) >= THRESHOLD)
+            print(
+                f"    {load.run.server:<10} {load.run.knobs.label:<13} {arrival:<7} "
+                f"{deadline:>5g}ms {r:>6.1f} req/s  on-time {s['on_time_ratio']:.3f}  "
+                f"mean {s['mean_ms'] or 0:>6.1f}  p99 {s['p99_ms'] or 0:>6.1f}  "
+                f"(n={s['requests']}, timeouts {s['timeouts']}, errors {s['errors']}, "
+                f"dropped {s['dropped']})",
+                flush=True,
+            )
+        return rs
+
+    @staticmethod
+    def runs_table(cache: Cache, arrival: str, deadline: float) -> dict[str, dict[str, Any]]:
+        return {
+            f"{rate:g}": run.summary(deadline)
+            for (a, rate), run in sorted(cache.items(), key=lambda kv: kv[0][1])
+            if a == arrival
+        }
+
+    async def start(self, server: str, model: str, knobs: Knobs, deadline: float) -> Load:
+        run = Running(server, model, knobs, deadline, self.st.logdir, self.st.policy)
+        load = Load(run, self.frames, deadline)
+        try:
+            await load.ready()
+        except BaseException:
+            await load.close()
+            run.stop()
+            raise
+        print(
+            f"  {server} {model} {knobs.label}: ready in {run.ready_s:.0f} s, idle "
+            f"{load.idle_ms:.1f} ms, top-1 of frame 0 = {load.top1}",
+            flush=True,
+        )
+        self.checks.setdefault(model, {})[server] = {
+            "top1_frame0": load.top1,
+            "idle_ms": round(load.idle_ms or 0, 2),
+            "ready_s": round(run.ready_s or 0, 1),
+        }
+        return load
+
+    async def stop(self, load: Load) -> None:
+        await load.close()
+        await asyncio.to_thread(load.run.stop)
+
+    async def server_model(self, server: str, model: str, bound: float) -> None:
+        """Tune (peers), then measure the best knobs per deadline, for each arrival process."""
+        st = self.st
+        grid = [Knobs()] if server == "layerbatch" else st.grid
+        # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
+        # layerbatch takes it per request, the others ignore it: one start serves every deadline
+        groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
+        for group in groups:
+            tuned: dict[float, dict[Knobs, tuple[float, float]]] = {d: {} for d in group}
+            coarse: dict[Knobs, Cache] = {}
+            if len(grid) > 1:
+                for knobs in grid:
+                    load = await self.start(server, model, knobs, group[0])
+                    try:
+                        cache: Cache = {}
+                        coarse[knobs] = cache
+                        for d in group:
+                            load.deadline_ms = d
+                            load.bodies = [load.proto.request(f, d) for f in self.frames]
+                            rs = await self.search(
+                                load,
+                                cache,
+                                "poisson",
+                                d,
+                                self._start_rate(model, d, "poisson", bound),
+                                st.tune_tol,
+                                True,
+                            )
+                            fails = [r for r, ok in rs.tried if not ok]
+                            near = (
+                                cache[("poisson", min(fails))].summary(d)["on_time_ratio"]
+                                if fails
+                                else 1.0
+                            )
+                            tuned[d][knobs] = (rs.capacity, near or 0.0)
+                            self.tuning.append(
+                                {
+                                    "server": server,
+                                    "model": model,
+                                    "deadline_ms": d,
+                                    "knobs": asdict(knobs),
+                                    "capacity_rps": rs.capacity,
+                                    "on_time_at_first_failure": near,
+                                    "runs": self.runs_table(cache, "poisson", d),
+                                }
+                            )
+                    finally:
+                        await self.stop(load)
+            best = {d: best_knobs(tuned[d]) if tuned[d] else grid[0] for d in group}
+            for knobs in dict.fromkeys(best.values()):
+                load = await self.start(server, model, knobs, group[0])
+                try:
+                    cache = {}
+                    for d in [d for d in group if best[d] == knobs]:
+                        load.deadline_ms = d
+                        load.bodies = [load.proto.request(f, d) for f in self.frames]
+                        for arrival in st.arrivals:
+                            prior = coarse.get(knobs, {})
+                            known = [
+                                (rate, (run.summary(d)["on_time_ratio"] or 0) >= THRESHOLD)
+                                for (a, rate), run in prior.items()
+                                if a == arrival
+                            ]
+                            lo = max((r for r, ok in known if ok), default=None)
+                            hi = min((r for r, ok in known if not ok), default=None)
+                            seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
+                            start = self._start_rate(model, d, arrival, bound)
+                            rs = await self.search(
+                                load, cache, arrival, d, start, st.tol, False, known=seeds
+                            )
+                            self.results.append(
+                                {
+                                    "server": server,
+                                    "model": model,
+                                    "deadline_ms": d,
+                                    "arrival": arrival,
+                                    "knobs": knobs.label,
+                                    "capacity_rps": rs.capacity,
+                                    "runs": self.runs_table(cache, arrival, d),
+                                    "tuning_runs_at_these_knobs": self.runs_table(prior, arrival, d)
+                                    if prior
+                                    else {},
+                                }
+                            )
+                            print(
+                                f"  => {server} {model} {d:g} ms {arrival}: capacity "
+                                f"{rs.capacity:g} req/s ({knobs.label})",
+                                flush=True,
+                            )
+                finally:
+                    await self.stop(load)
+
+    def _start_rate(self, model: str, deadline: float, arrival: str, bound: float) -> float:
+        """Where a capacity search starts: 0.8 x the best capacity found so far for this model,
+        deadline and arrival process (any server, any knobs; with Poisson's for the trace when
+        there is none yet), else the compute bound; this saves the runs far below capacity."""
+        found = [
+            float(r["capacity_rps"])
+            for r in self.results
+            if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, arrival)
+        ] + [
+            float(t["capacity_rps"])
+            for t in self.tuning
+            if (t["model"], t["deadline_ms"]) == (model, deadline) and arrival == "poisson"
+        ]
+        if not any(found) and arrival != "poisson":
+            return self._start_rate(model, deadline, "poisson", bound)
+        return max(bound, 0.8 * max(found, default=0.0))
+
+    def compute_bound(self, model: str) -> dict[str, Any]:
+        with_frames = self.st.logdir / "frames.npz"
+        np.savez(with_frames, *[np.frombuffer(f, dtype=np.uint8) for f in self.frames])
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "peers_model.py"), "--bound", model,
+             "--frames", str(with_frames), "--repeats", "2"],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PEERS_TORCH_THREADS": str(THREADS)},
+        )  # fmt: skip
+        doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        doc["rps"] = round(compute_bound_rps(doc["decode_ms"], doc["forward_ms"]), 2)
+        return doc
+
+    async def model(self, model: str) -> None:
+        before = await asyncio.to_thread(self.compute_bound, model)
+        print(
+            f"[{model}] compute bound: decode {before['decode_ms']:.1f} ms + forward "
+            f"{before['forward_ms']:.1f} ms ({before['layout']}) = {before['rps']:.1f} req/s",
+            flush=True,
+        )
+        self.bounds[model] = {"before": before}
+        for server in self.st.servers:
+            print(f"[{model}] {server}", flush=True)
+            await self.server_model(server, model, before["rps"])
+        after = await asyncio.to_thread(self.compute_bound, model)
+        self.bounds[model]["after"] = after
+        self.bounds[model]["rps"] = round((before["rps"] + after["rps"]) / 2, 2)
+        print(
+            f"[{model}] compute bound after: {after['rps']:.1f} req/s "
+            f"(mean {self.bounds[model]['rps']:.1f})",
+            flush=True,
+        )
+
+
+# ----------------------------------------------------------------------------- the profile
+
+# where a sampled stack's time goes: the first category (in this order) whose pattern is in
+# the stack; patterns are substrings of py-spy's "function (file:line)" frames
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("decode (imdecode, resize, normalise)", ("imdecode", "image_tensor", "rgb_tensor", "_decode")),
+    ("forward (torch modules)", ("torch/nn/modules", "torch/fx", "_call_impl", "GraphModule")),
+    (
+        "copies (gather/scatter, stack, layout)",
+        ("stack", "_gather", "scatter", "contiguous", "cat ("),
+    ),
+    ("planning (scheduler)", ("scheduler/",)),
+    ("results (softmax, top-5, describe)", ("results.py", "describe")),
+    ("HTTP + msgpack (aiohttp, wire)", ("aiohttp", "msgpack", "wire.py", "web_protocol")),
+    ("event loop (asyncio)", ("asyncio/", "base_events", "selectors")),
+    (
+        "thread hand-offs (futures, queues, locks)",
+        ("concurrent/futures", "threading.py", "queue.py"),
+    ),
+)
+
+
+def categorize(stack: str) -> str:
+    """The category of the innermost frame of `stack` (frames joined by ";") that has one."""
+    for frame in reversed(stack.split(";")):
+        for name, pats in CATEGORIES:
+            if any(p in frame for p in pats):
+                return name
+    return "other"
+
+
+def profile_breakdown(raw_lines: Sequence[str], top: int = 25) -> dict[str, Any]:
+    """py-spy raw (collapsed) stacks, `thread (tid);frame;...;frame count` per line, as: samples
+    per thread, per category (see CATEGORIES) per thread, and the top self-time frames."""
+    threads: dict[str, int] = {}
+    cats: dict[str, dict[str, int]] = {}
+    leaves: dict[str, int] = {}
+    total = 0
+    for ln in raw_lines:
+        ln = ln.strip()
+        if not ln or " " not in ln:
+            continue
+        stack, _, count_s = ln.rpartition(" ")
+        try:
+            count = int(count_s)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        thread = frames[0] if frames[0].startswith(("thread", "process")) else "?"
+        if thread.startswith("process") and len(frames) > 1 and frames[1].startswith("thread"):
+            thread = frames[1]
+        total += count
+        threads[thread] = threads.get(thread, 0) + count
+        c = cats.setdefault(thread, {})
+        cat = categorize(stack)
+        c[cat] = c.get(cat, 0) + count
+        leaves[frames[-1]] = leaves.get(frames[-1], 0) + count
+    return {
+        "samples": total,
+        "threads": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+        "categories": {
+            t: dict(sorted(v.items(), key=lambda kv: -kv[1]))
+            for t, v in sorted(cats.items(), key=lambda kv: -threads[kv[0]])
+        },
+        "top_self": dict(sorted(leaves.items(), key=lambda kv: -kv[1])[:top]),
+    }
+
+
+async def profile_layerbatch(
+    st: Settings, frames: list[bytes], model: str, rate: float, seconds: float, deadline: float
+) -> dict[str, Any]:
+    """layerbatch serving Poisson load at `rate` while py-spy samples its process (100 Hz,
+    every thread, on-CPU stacks only; a second pass with idle stacks shows where threads wait)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    out: dict[str, Any] = {"model": model, "rate_rps": rate, "deadline_ms": deadline}
+    run = Running("layerbatch", model, Knobs(), deadline, st.logdir, st.policy)
+    load = Load(run, frames, deadline)
+    try:
+        await load.ready()
+        for mode, extra in (("cpu", []), ("idle", ["--idle"])):
+            raw = st.logdir / f"profile-layerbatch-{model}-{mode}.txt"
+            cmd = [str(spy), "record", "-p", str(run.proc.pid), "-d", f"{seconds:g}", "-r", "100"]
+            cmd += ["--threads", "--nonblocking", "-f", "raw", "-o", str(raw), *extra]
+            spy_proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            arr = poisson_arrivals_s(rate, seconds, np.random.default_rng([st.seed, 99]))
+            samples = await load.run_arrivals(arr, deadline / 1000.0)
+            _, err = await spy_proc.communicate()
+            if spy_proc.returncode != 0:
+                raise RuntimeError(f"py-spy failed: {err.decode()[-500:]}")
+            out[mode] = {
+                "load": summarize(samples, deadline, seconds),
+                **profile_breakdown(raw.read_text().splitlines()),
+                "raw": str(raw.relative_to(ROOT)),
+            }
+            await load.quiesce()
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s, s.get(f"{run.url}/metrics") as r:
+            out["metrics"] = [
+                ln
+                for ln in (await r.text()).splitlines()
+                if ln.startswith(("layerbatch_plan", "layerbatch_step", "layerbatch_batch"))
+                and not ln.startswith("#")
+            ][:80]
+        async with aiohttp.ClientSession() as s, s.get(f"{run.url}/v1/status") as r:
+            out["status"] = await r.json()
+    finally:
+        await load.close()
+        run.stop()
+    return out
+
+
+# ----------------------------------------------------------------------------- interleaved A/B
+
+
+def knobs_from_label(label: str) -> Knobs:
+    """The inverse of Knobs.label: "default", "B=1", "B=8,5ms"."""
+    if label == "default":
+        return Knobs()
+    if label == "B=1":
+        return Knobs(1, 0.0)
+    b, d = label.removeprefix("B=").split(",")
+    return Knobs(int(b), float(d.removesuffix("ms")))
+
+
+async def interleaved(
+    st: Settings, frames: list[bytes], knobs: dict[str, Knobs], rates: list[float], rounds: int
+) -> dict[str, Any]:
+    """Every server up at once (idle while the others are measured); for each round and rate,
+    each server in turn gets the same Poisson arrivals: the machine's drift hits all alike."""
+    model, deadline = st.models[0], st.deadlines[0]
+    bench = Bench(st, frames, np.zeros(2))
+    loads: dict[str, Load] = {}
+    out: dict[str, Any] = {"model": model, "deadline_ms": deadline, "rounds": rounds}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in knobs}
+    try:
+        for server, k in knobs.items():
+            loads[server] = await bench.start(server, model, k, deadline)
+        for rnd in range(rounds):
+            for rate in rates:
+                order = list(knobs) if rnd % 2 == 0 else list(reversed(knobs))
+                for server in order:
+                    load = loads[server]
+                    dur = bench.duration(rate, False)
+                    arr = poisson_arrivals_s(
+                        rate, dur, np.random.default_rng([st.seed, rnd, int(rate * 10)])
+                    )
+                    samples = await load.run_arrivals(arr, deadline / 1000.0)
+                    await load.quiesce()
+                    s = summarize(samples, deadline, dur)
+                    runs[server].setdefault(f"{rate:g}", []).append(s)
+                    print(
+                        f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
+                        f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
+                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']}",
+                        flush=True,
+                    )
+    finally:
+        for load in loads.values():
+            await bench.stop(load)
+    out["knobs"] = {s: k.label for s, k in knobs.items()}
+    out["runs"] = runs
+    out["mean_on_time"] = {
+        s: {r: round(float(np.mean([x["on_time_ratio"] for x in v])), 4) for r, v in per.items()}
+        for s, per in runs.items()
+    }
+    return out
+
+
+def interleaved_main(st: Settings, frames: list[bytes], rates: list[float], rounds: int) -> None:
+    model, deadline = st.models[0], st.deadlines[0]
+    knobs: dict[str, Knobs] = {}
+    for p in (st.out, st.out.with_name("peers-quick.json")):
+        if p.exists():
+            for r in json.loads(p.read_text())["results"]:
+                if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, "poisson"):
+                    knobs.setdefault(r["server"], knobs_from_label(r["knobs"]))
+    for s in st.servers:
+        knobs.setdefault(s, Knobs() if s == "layerbatch" else Knobs(8, 5.0))
+    knobs = {s: knobs[s] for s in st.servers}
+    doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds))
+    path = st.out.with_name("peers-interleaved.json")
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"{'rate':>6}" + "".join(f"{s:>12}" for s in knobs))
+    for r in [f"{x:g}" for x in rates]:
+        print(f"{r:>6}" + "".join(f"{doc['mean_on_time'][s][r]:>12.3f}" for s in knobs))
+    print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def plot(results: Sequence[dict[str, Any]], bounds: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((r["model"], r["deadline_ms"], r["arrival"]) for r in results))
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+    colors = {"layerbatch": "C3", "triton": "C0", "ray": "C2", "torchserve": "C1"}
+    for ax, (model, deadline, arrival) in zip(axes.flat, panels, strict=False):
+        for r in results:
+            if (r["model"], r["deadline_ms"], r["arrival"]) != (model, deadline, arrival):
+                continue
+            runs = {**r.get("tuning_runs_at_these_knobs", {}), **r["runs"]}
+            pts = sorted((float(k), v["on_time_ratio"] or 0.0) for k, v in runs.items())
+            if not pts:
+                continue
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(
+                xs,
+                ys,
+                "o-",
+                color=colors.get(r["server"]),
+                label=f"{r['server']} ({r['knobs']}): {r['capacity_rps']:g}",
+            )
+        if bounds.get(model):
+            ax.axvline(bounds[model], color="grey", ls=":", label="compute bound")
+        ax.axhline(THRESHOLD, color="grey", ls="--", lw=0.8)
+        ax.set_title(f"{model}, {deadline:g} ms, {arrival}")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("on-time ratio")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7, loc="lower left")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Settings:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="resnet18, 300 ms, short, 2x2 grid")
+    ap.add_argument("--models")
+    ap.add_argument("--deadlines", help="ms, comma list")
+    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--arrivals", default="poisson,azure")
+    ap.add_argument("--batches", help="max batch sizes tried for each peer")
+    ap.add_argument("--delays", help="max batch delays (ms) tried for each peer")
+    ap.add_argument("--duration", type=float, help="seconds per measured rate")
+    ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
+    ap.add_argument("--min-requests", type=int, help="at least this many requests per rate")
+    ap.add_argument("--tol", type=float, help="final search: stop when hi/lo <= 1 + tol")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policy", default="dp-tardy", help="layerbatch's policy")
+    ap.add_argument("--out", help="JSON path (the PNG is beside it)")
+    ap.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        help="instead of the benchmark: py-spy layerbatch's server for this many seconds under "
+        "Poisson load at --profile-rate (first model, first deadline)",
+    )
+    ap.add_argument("--profile-rate", type=float, help="req/s (default: layerbatch's capacity)")
+    ap.add_argument(
+        "--interleave",
+        help="instead of the benchmark: these rates (comma list), every server (--servers) up at "
+        "once with its best knobs on record, measured in turn per rate (first model, deadline)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="--interleave: rounds over the rates")
+    a = ap.parse_args(argv)
+    q = a.quick
+    grid = tuning_grid(
+        [int(x) for x in (a.batches or ("4,8" if q else "1,4,8,16")).split(",")],
+        [float(x) for x in (a.delays or ("5,20" if q else "1,5,20")).split(",")],
+    )
+    out = Path(a.out or f"bench/results/{'peers-quick' if q else 'peers'}.json")
+    return Settings(
+        models=(a.models or ("resnet18" if q else ",".join(MODELS))).split(","),
+        deadlines=[float(x) for x in (a.deadlines or ("300" if q else "300,1000")).split(",")],
+        servers=[s for s in a.servers.split(",") if s],
+        arrivals=a.arrivals.split(","),
+        grid=grid,
+        duration_s=a.duration or (12.0 if q else 20.0),
+        tune_duration_s=a.tune_duration or (8.0 if q else 10.0),
+        min_requests=a.min_requests or (80 if q else 200),
+        tol=a.tol or (0.1 if q else 0.05),
+        tune_tol=0.15,
+        seed=a.seed,
+        policy=a.policy,
+        out=out if out.is_absolute() else ROOT / out,
+        logdir=ROOT / "out" / "peers",
+        profile_s=a.profile,
+        profile_rate=a.profile_rate,
+        interleave=[float(x) for x in a.interleave.split(",")] if a.interleave else [],
+        rounds=a.rounds,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    st = parse_args(argv)
+    for s in st.servers:
+        if s not in SERVERS:
+            raise SystemExit(f"--servers: expected some of {', '.join(SERVERS)}, got {s!r}")
+    from client.frames import jpeg, video_frames
+    from traces.arrivals import load_timestamps
+
+    frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
+    trace = load_timestamps(AZURE_TRACE)
+    st.logdir.mkdir(parents=True, exist_ok=True)
+    if st.profile_s > 0:
+        profile_main(st, frames)
+        return
+    if st.interleave:
+        interleaved_main(st, frames, st.interleave, st.rounds)
+        return
+    bench = Bench(st, frames, trace)
+    t0 = time.monotonic()
+    print(
+        f"servers {', '.join(st.servers)}; models {', '.join(st.models)}; deadlines "
+        f"{', '.join(f'{d:g}' for d in st.deadlines)} ms; arrivals {', '.join(st.arrivals)}; "
+        f"peer grid {', '.join(k.label for k in st.grid)}",
+        flush=True,
+    )
+    for model in st.models:
+        asyncio.run(bench.model(model))
+    bounds = {m: float(b["rps"]) for m, b in bench.bounds.items()}
+    rows = table_rows(bench.results, bounds)
+    text = format_table(rows, st.servers)
+    print(text)
+    doc = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "elapsed_s": round(time.monotonic() - t0),
+        "settings": {
+            **{k: v for k, v in asdict(st).items() if k not in ("grid", "out", "logdir")},
+            "grid": [k.label for k in st.grid],
+            "threads": THREADS,
+            "threshold": THRESHOLD,
+        },
+        "compute_bound": bench.bounds,
+        "table": rows,
+        "checks": bench.checks,
+        "results": bench.results,
+        "tuning": bench.tuning,
+    }
+    st.out.parent.mkdir(parents=True, exist_ok=True)
+    st.out.write_text(json.dumps(doc, indent=1, default=str))
+    plot(bench.results, bounds, st.out.with_suffix(".png"))
+    print(f"wrote {st.out} and {st.out.with_suffix('.png')} in {doc['elapsed_s']} s")
+
+
+def profile_main(st: Settings, frames: list[bytes]) -> None:
+    model, deadline = st.models[0], st.deadlines[0]
+    rate = st.profile_rate
+    if rate is None:
+        found = [
+            r["capacity_rps"]
+            for p in (st.out, st.out.with_name("peers-quick.json"))
+            if p.exists()
+            for r in json.loads(p.read_text())["results"]
+            if (r["server"], r["model"], r["deadline_ms"], r["arrival"])
+            == ("layerbatch", model, deadline, "poisson")
+        ]
+        if not found:
+            raise SystemExit("--profile: give --profile-rate (no layerbatch capacity on record)")
+        rate = float(found[0])
+    doc = asyncio.run(profile_layerbatch(st, frames, model, rate, st.profile_s, deadline))
+    path = st.out.with_name("peers-profile.json")
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    for mode in ("cpu", "idle"):
+        d = doc[mode]
+        print(f"[{mode}] {d['samples']} samples; load {d['load']}")
+        for t, cats in d["categories"].items():
+            n = d["threads"][t]
+            print(f"  {t}: {n} samples")
+            for c, k in cats.items():
+                print(f"    {100.0 * k / n:5.1f}%  {c}")
+        print("  top self frames:")
+        for f, k in list(d["top_self"].items())[:15]:
+            print(f"    {100.0 * k / max(d['samples'], 1):5.1f}%  {f}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The work every server in bench/peers.py does for one request, shared by the peers' handlers.
+
+A JPEG is decoded and resized exactly as layerbatch's server does it (server/inputs.py:
+`cv2.imdecode`, BGR -> RGB, then `layerexec.images.rgb_tensor`: resize INTER_LINEAR to the model's
+input, normalise per channel), the model is the one `layerexec.zoo.load_model` builds (the
+torchvision definition under the same seed, so the same weights), in channels-last memory format
+as layerbatch's executor runs it, under `torch.inference_mode()` with 2 intra-op threads; the
+answer is the top-5 classes with their softmax scores, as layerbatch answers a classifier.
+
+Runs in the peers' venv (.venv-peers) with the repository root on sys.path; imports no peer.
+
+    .venv-peers/bin/python bench/peers_model.py --bound resnet18   # the compute bound, as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from layerexec.images import rgb_tensor  # noqa: E402
+from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
+
+THREADS = int(os.environ.get("PEERS_TORCH_THREADS", "2"))
+
+
+class Model:
+    """One model, ready to serve batches of JPEGs."""
+
+    def __init__(
+        self,
+        name: str,
+        seed: int = DEFAULT_SEED,
+        threads: int = THREADS,
+        channels_last: bool = True,
+        warm_batches: tuple[int, ...] = (1,),
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.name = name
+        self.spec = spec(name)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.module = self.spec.build().eval()
+        self.channels_last = channels_last
+        if channels_last:
+            self.module.to(memory_format=torch.channels_last)
+        with torch.inference_mode():
+            for b in sorted(set(warm_batches)):
+                for _ in range(2):
+                    self.module(self._layout(torch.zeros(b, *self.spec.input_shape)))
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def decode(self, jpeg: bytes) -> torch.Tensor:
+        """(C, H, W) float32, exactly as layerbatch's server/inputs.py `image_tensor`."""
+        img = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
+        if img is None:
+            raise ValueError("expected a JPEG, could not decode it")
+        return rgb_tensor(cv2.cvtColor(img, cv2.COLOR_BGR2RGB), self.spec)
+
+    def forward(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Top-5 (classes, scores) per row of a batch (N, C, H, W)."""
+        with torch.inference_mode():
+            logits = self.module(self._layout(x))
+            scores, classes = torch.softmax(logits, dim=1).topk(5, dim=1)
+        return classes.numpy(), scores.numpy()
+
+    def infer(self, jpegs: list[bytes]) -> list[dict[str, Any]]:
+        x = torch.stack([self.decode(j) for j in jpegs])
+        classes, scores = self.forward(x)
+        return [
+            {"classes": c.tolist(), "scores": [round(float(v), 5) for v in s]}
+            for c, s in zip(classes, scores, strict=True)
+        ]
+
+
+def compute_bound(
+    name: str, frames: list[bytes], repeats: int = 3, threads: int = THREADS
+) -> dict[str, Any]:
+    """Decode + batch-1 forward of every frame, `repeats` times, with `threads` torch threads,
+    contiguous and channels-last; the faster layout is the plain server's bound."""
+    out: dict[str, Any] = {"model": name, "threads": threads, "frames": len(frames)}
+    for layout, cl in (("contiguous", False), ("channels_last", True)):
+        m = Model(name, threads=threads, channels_last=cl)
+        dec, fwd = [], []
+        for _ in range(repeats):
+            for j in frames:
+                t0 = time.perf_counter()
+                x = m.decode(j).unsqueeze(0)
+                t1 = time.perf_counter()
+                m.forward(x)
+                t2 = time.perf_counter()
+                dec.append((t1 - t0) * 1000.0)
+                fwd.append((t2 - t1) * 1000.0)
+        out[layout] = {
+            "decode_ms": round(statistics.median(dec), 3),
+            "forward_ms": round(statistics.median(fwd), 3),
+        }
+    best = min(("contiguous", "channels_last"), key=lambda k: out[k]["forward_ms"])
+    out["layout"] = best
+    out["decode_ms"] = out[best]["decode_ms"]
+    out["forward_ms"] = out[best]["forward_ms"]
+    return out
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bound", required=True, help="model name")
+    ap.add_argument("--frames", required=True, help="a .npz of JPEG frames (bench/peers.py)")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    with np.load(args.frames) as z:
+        frames = [bytes(z[k]) for k in sorted(z.files)]
+    print(json.dumps(compute_bound(args.bound, frames, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""The pure parts of bench/peers.py (issue 9): tuning grid, summaries, the capacity search, the
+Azure trace rescaling, the compute bound, the table and its ratios, and the wire formats. No peer
+server runs here."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from bench.peers import (
+    AZURE_TRACE,
+    Knobs,
+    Protocol,
+    RateSearch,
+    Sample,
+    best_knobs,
+    categorize,
+    compute_bound_rps,
+    format_table,
+    knobs_from_label,
+    poisson_arrivals_s,
+    profile_breakdown,
+    summarize,
+    table_rows,
+    trace_arrivals_s,
+    triton_body,
+    tuning_grid,
+)
+from traces.arrivals import load_timestamps
+
+
+def test_tuning_grid_is_the_product_with_batch_one_once() -> None:
+    grid = tuning_grid([1, 4, 8, 16], [1, 5, 20])
+    assert len(grid) == 1 + 3 * 3
+    assert grid[0] == Knobs(1, 0.0)
+    assert Knobs(16, 20.0) in grid and Knobs(4, 1.0) in grid
+    assert [k.label for k in grid[:2]] == ["B=1", "B=4,1ms"]
+    assert Knobs().label == "default"
+
+
+def test_summarize_counts_only_answers_within_the_deadline() -> None:
+    samples = [
+        Sample(0.0, "ok", 100.0),
+        Sample(0.1, "ok", 299.0),
+        Sample(0.2, "ok", 301.0),  # answered, late
+        Sample(0.3, "dropped", 5.0),
+        Sample(0.4, "timeout", 300.0),
+        Sample(0.5, "http-503", 2.0),
+    ]
+    s = summarize(samples, 300.0, 2.0)
+    assert s["requests"] == 6
+    assert s["on_time_ratio"] == pytest.approx(2 / 6, abs=1e-4)
+    assert (s["served"], s["dropped"], s["timeouts"], s["errors"]) == (3, 1, 1, 1)
+    assert s["mean_ms"] == pytest.approx(700.0 / 3, abs=0.01)
+    assert s["goodput_rps"] == 1.0
+    assert summarize([], 300.0, 1.0)["on_time_ratio"] is None
+
+
+@pytest.mark.parametrize("start", [3.0, 10.0, 25.0, 80.0])
+@pytest.mark.parametrize("true_cap", [7.3, 18.0, 41.0])
+def test_rate_search_converges_to_the_capacity_within_the_tolerance(
+    start: float, true_cap: float
+) -> None:
+    rs = RateSearch(start, tol=0.05)
+    runs = 0
+    while (r := rs.next_rate()) is not None:
+        rs.record(r, r <= true_cap)
+        runs += 1
+    assert rs.capacity <= true_cap
+    assert rs.capacity >= true_cap / 1.05 - 0.1
+    assert runs <= 14
+
+
+def test_rate_search_reports_zero_when_even_the_floor_fails() -> None:
+    rs = RateSearch(4.0, tol=0.1, min_rate=0.5)
+    while (r := rs.next_rate()) is not None:
+        rs.record(r, False)
+    assert rs.capacity == 0.0
+    assert min(r for r, _ in rs.tried) == 0.5
+
+
+def test_rate_search_uses_known_bounds_and_survives_a_noisy_inversion() -> None:
+    rs = RateSearch(10.0, tol=0.1)
+    rs.record(10.0, True)
+    rs.record(20.0, False)
+    assert rs.next_rate() == pytest.approx(14.1)
+    rs.record(14.1, True)
+    rs.record(12.0, False)  # noise: lower than a rate that was on time
+    assert rs.hi == 12.0 and rs.lo == 10.0
+
+
+def test_azure_trace_is_rescaled_to_the_mean_rate() -> None:
+    ts = load_timestamps(AZURE_TRACE)
+    full = trace_arrivals_s(ts, 20.0, ts.size, max_gap=np.inf)
+    # the whole trace rescaled: n - 1 gaps of mean 1/20 s
+    assert (ts.size - 1) / full[-1] == pytest.approx(20.0, rel=1e-6)
+    assert full[0] == 0.0 and np.all(np.diff(full) >= 0)
+    # bursty: the gaps vary far more than a Poisson process's (coefficient of variation 1)
+    gaps = np.diff(full)
+    assert gaps.std() / gaps.mean() > 1.5
+    # twice the rate: the same arrivals, twice as dense; looped when more are asked for
+    assert np.allclose(trace_arrivals_s(ts, 40.0, 300, np.inf), full[:300] / 2.0)
+    looped = trace_arrivals_s(ts, 20.0, ts.size + 10)
+    assert looped.size == ts.size + 10 and np.all(np.diff(looped) >= 0)
+
+
+def test_azure_trace_idle_gaps_are_cut_and_bursts_kept() -> None:
+    ts = load_timestamps(AZURE_TRACE)
+    raw = trace_arrivals_s(ts, 5.0, 80, max_gap=np.inf)
+    cut = trace_arrivals_s(ts, 5.0, 80)  # the first 80 hold a silence of minutes
+    assert np.diff(raw).max() > 30.0 / 5.0
+    assert np.diff(cut).max() == pytest.approx(30.0 / 5.0)
+    short = np.diff(raw) < 30.0 / 5.0
+    assert np.allclose(np.diff(cut)[short], np.diff(raw)[short])  # every burst as it was
+
+
+def test_poisson_arrivals_are_seeded_and_at_the_rate() -> None:
+    a = poisson_arrivals_s(50.0, 200.0, np.random.default_rng([1, 500]))
+    b = poisson_arrivals_s(50.0, 200.0, np.random.default_rng([1, 500]))
+    assert np.array_equal(a, b)
+    assert a.size / 200.0 == pytest.approx(50.0, rel=0.05)
+    assert a.max() < 200.0
+
+
+def test_compute_bound_is_one_plain_request_at_a_time() -> None:
+    assert compute_bound_rps(5.0, 20.0) == pytest.approx(40.0)
+    assert compute_bound_rps(2.5, 30.8) == pytest.approx(1000.0 / 33.3)
+
+
+def _result(server: str, cap: float, deadline: float = 300.0) -> dict[str, object]:
+    return {
+        "server": server,
+        "model": "resnet18",
+        "deadline_ms": deadline,
+        "arrival": "poisson",
+        "knobs": "default" if server == "layerbatch" else "B=8,5ms",
+        "capacity_rps": cap,
+        "runs": {},
+    }
+
+
+def test_table_ratio_is_layerbatch_over_the_best_peer() -> None:
+    results = [
+        _result("layerbatch", 26.0),
+        _result("triton", 20.0),
+        _result("ray", 12.5),
+        _result("torchserve", 16.0),
+        _result("layerbatch", 30.0, 1000.0),
+        _result("triton", 0.0, 1000.0),
+    ]
+    rows = table_rows(results, {"resnet18": 32.5})
+    assert [(r["deadline_ms"]) for r in rows] == [300.0, 1000.0]
+    first = rows[0]
+    assert first["best_peer"] == "triton"
+    assert first["layerbatch_over_best_peer"] == pytest.approx(1.3)
+    assert first["fraction_of_bound"]["layerbatch"] == pytest.approx(0.8)
+    assert first["fraction_of_bound"]["ray"] == pytest.approx(0.385, abs=1e-3)
+    assert rows[1]["layerbatch_over_best_peer"] is None  # the best peer served nothing on time
+    text = format_table(rows, ["layerbatch", "triton", "ray", "torchserve"])
+    assert "1.30" in text and "26.0 (0.80)" in text and "triton" in text
+
+
+def test_best_knobs_by_capacity_then_how_close_it_came() -> None:
+    caps = {Knobs(4, 5.0): (10.0, 0.5), Knobs(8, 5.0): (12.0, 0.2), Knobs(8, 20.0): (12.0, 0.8)}
+    assert best_knobs(caps) == Knobs(8, 20.0)
+
+
+def test_triton_body_is_kserve_v2_with_a_binary_bytes_element() -> None:
+    jpeg = b"\xff\xd8hello\xff\xd9"
+    body, headers = triton_body(jpeg)
+    n = int(headers["Inference-Header-Content-Length"])
+    header = json.loads(body[:n])
+    assert header["inputs"][0]["datatype"] == "BYTES"
+    assert header["inputs"][0]["parameters"]["binary_data_size"] == 4 + len(jpeg)
+    assert struct.unpack("<I", body[n : n + 4])[0] == len(jpeg)
+    assert body[n + 4 :] == jpeg
+
+
+def test_answers_of_each_protocol() -> None:
+    lb = Protocol("layerbatch", "resnet18")
+    body, headers = lb.request(b"jpg", 300.0)
+    assert msgpack.unpackb(body)["deadline_ms"] == 300.0
+    assert headers["Content-Type"] == "application/msgpack"
+    ok = msgpack.packb({"status": "ok", "result": {"top5": [{"class": 238}]}})
+    assert lb.answer(200, ok) == ("ok", 238)
+    assert lb.answer(200, msgpack.packb({"status": "dropped"})) == ("dropped", None)
+    tr = Protocol("triton", "resnet18")
+    doc = {"outputs": [{"name": "classes", "data": [238, 1, 2, 3, 4]}]}
+    assert tr.answer(200, json.dumps(doc).encode()) == ("ok", 238)
+    assert tr.answer(400, b"{}") == ("http-400", None)
+    assert Protocol("ray", "resnet18").path == "/resnet18"
+    ts = Protocol("torchserve", "resnet18")
+    assert ts.path == "/predictions/resnet18"
+    assert ts.answer(200, b'{"classes": [7, 1], "scores": [0.1]}') == ("ok", 7)
+    assert ts.answer(200, b"not json") == ("error", None)
+
+
+def test_profile_breakdown_attributes_samples_to_threads_and_categories() -> None:
+    raw = [
+        "process 1:python;thread (0x1);run (server/runtime.py:330);_call_impl "
+        "(torch/nn/modules/module.py:1775);forward (torch/nn/modules/conv.py:554) 70",
+        "process 1:python;thread (0x2);_decode (server/runtime.py:200);image_tensor "
+        "(server/inputs.py:21) 20",
+        "process 1:python;thread (0x3);run_forever (asyncio/base_events.py:600);plan "
+        "(scheduler/engine.py:90) 8",
+        "process 1:python;thread (0x3);select (selectors.py:468) 2",
+        "garbage",
+    ]
+    out = profile_breakdown(raw)
+    assert out["samples"] == 100
+    assert out["threads"] == {"thread (0x1)": 70, "thread (0x2)": 20, "thread (0x3)": 10}
+    assert out["categories"]["thread (0x1)"] == {"forward (torch modules)": 70}
+    assert out["categories"]["thread (0x2)"] == {"decode (imdecode, resize, normalise)": 20}
+    assert out["categories"]["thread (0x3)"] == {
+        "planning (scheduler)": 8,
+        "event loop (asyncio)": 2,
+    }
+    assert next(iter(out["top_self"])) == "forward (torch/nn/modules/conv.py:554)"
+    assert categorize("x (somewhere.py:1)") == "other"
+
+
+@pytest.mark.parametrize("knobs", [Knobs(), Knobs(1, 0.0), Knobs(8, 5.0), Knobs(16, 1.5)])
+def test_knobs_label_round_trips(knobs: Knobs) -> None:
+    assert knobs_from_label(knobs.label) == knobs
