@@ -11,7 +11,6 @@ POST the JPEG as the body to `http://127.0.0.1:PORT/{model}`; the answer is JSON
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -20,15 +19,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from peers_args import launcher_parser  # bench/ is this script's folder
+
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap = launcher_parser()
     ap.add_argument("--max-ongoing", type=int, default=256)
     args = ap.parse_args()
 

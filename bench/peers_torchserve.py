@@ -12,7 +12,6 @@ snapshots, the model API on) and registers the model with `batch_size=--max-batc
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -25,15 +24,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from peers_args import launcher_parser  # bench/ is this script's folder
+
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap = launcher_parser()
     ap.add_argument("--queue", type=int, default=1000, help="job_queue_size")
     args = ap.parse_args()
     bindir = Path(sys.executable).parent

@@ -14,11 +14,11 @@ Needs LD_LIBRARY_PATH to include this Python's own library directory (bench/peer
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 import numpy as np
 import torch
+from peers_args import launcher_parser  # bench/ is this script's folder
 from peers_model import Model  # bench/ is this script's folder
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor
@@ -27,11 +27,7 @@ from pytriton.triton import Triton, TritonConfig
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap = launcher_parser()
     ap.add_argument("--deadline-ms", type=float, default=0.0, help="queue timeout; 0: none")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
