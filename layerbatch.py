@@ -424,7 +424,10 @@ def pipeline_sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=_positive_float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--noise-sigma", type=float, default=0.02, help="GPU time log-normal sigma (0.02)"
+        "--noise-sigma",
+        type=_non_negative_float,
+        default=0.02,
+        help="GPU time log-normal sigma (0.02)",
     )
     p.add_argument("--json", action="store_true")
     return p
@@ -500,6 +503,16 @@ def _positive_float(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 

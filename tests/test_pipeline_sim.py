@@ -571,3 +571,14 @@ def test_cli_refuses_bad_plans_in_one_line(
         code, out, err = cli([*base, str(path)], capsys)
         assert code == 2 and out == ""
         assert needle in err and name in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_refuses_a_negative_noise_sigma_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(CLUSTER_DOC))
+    args = ["pipeline", "sim", "--plan", str(cluster), "--cluster", str(cluster)]
+    code, out, err = cli([*args, "--slo-ms", "48.98", "--noise-sigma", "-1"], capsys)
+    assert code == 2 and out == ""
+    assert "--noise-sigma" in err and ">= 0" in err and len(err.strip().splitlines()) == 1
