@@ -13,13 +13,17 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from scheduler.errors import InputError
 from scheduler.policies import POLICIES as POLICY_CHOICES
 from traces.arrivals import TraceError
+
+if TYPE_CHECKING:
+    from scheduler.pipeline.milp import Cluster
+    from scheduler.pipeline.profiles import ModelProfiles
 
 BUNDLED_PROFILES = Path(__file__).resolve().parent / "traces" / "data" / "profiles"
 BUNDLED_TRACE = (
@@ -496,24 +500,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _finite_float(text: str, ok: Callable[[float], bool], expected: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    if not (math.isfinite(value) and ok(value)):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _finite_float(text, lambda v: v > 0, "a positive finite number")
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+    return _finite_float(text, lambda v: v >= 0, "a finite number >= 0")
 
 
 def _at_least_one(text: str) -> float:
@@ -983,7 +985,6 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
 
     from scheduler.pipeline.blocks import load_block_models
     from scheduler.pipeline.milp import Cluster, solve
-    from scheduler.pipeline.profiles import ModelProfiles, load_model_profiles
     from scheduler.pipeline.shares import Workload, parse_named_numbers, solve_models
     from scheduler.validate import read_json
 
@@ -998,13 +999,7 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
             raise UsageError(
                 "layerbatch: --blocks groups --profile files (PPipe timings are blocks)"
             )
-        bundled = BUNDLED_PROFILES / "cloud"
-        profiles_dir = Path(ns.profiles) if ns.profiles else bundled / "ppipe"
-        transfer = None if ns.profiles else bundled / "ppipe-transfer-sizes"
-        models = [
-            load_model_profiles(profiles_dir, name, gpus=list(cluster.gpus), transfer_dir=transfer)
-            for name in ns.model or ["repvgg-b3"]
-        ]
+        models = [_ppipe_profiles(ns.profiles, name, cluster) for name in ns.model or ["repvgg-b3"]]
     names = [m.model for m in models]
     try:
         slo = {name: _positive_float(ns.slo_ms) for name in names}
@@ -1080,23 +1075,33 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _ppipe_profiles(folder: str | None, model: str, cluster: Cluster) -> ModelProfiles:
+    """`model`'s PPipe block timings on the cluster's GPU types, from `folder` (with its own
+    transfer sizes) or, when None, the bundled ones."""
+    from scheduler.pipeline.profiles import load_model_profiles
+
+    if folder:
+        return load_model_profiles(Path(folder), model, gpus=list(cluster.gpus))
+    bundled = BUNDLED_PROFILES / "cloud"
+    return load_model_profiles(
+        bundled / "ppipe",
+        model,
+        gpus=list(cluster.gpus),
+        transfer_dir=bundled / "ppipe-transfer-sizes",
+    )
+
+
 def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
     import numpy as np
 
     from scheduler.pipeline.milp import Cluster
-    from scheduler.pipeline.profiles import load_model_profiles
     from scheduler.validate import read_json
     from sim.pipeline_plan_file import plan_from_json
     from sim.pipeline_plane import PlaneConfig, load_factor_sweep, run_plane
     from traces.arrivals import load_timestamps
 
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
-    bundled = BUNDLED_PROFILES / "cloud"
-    profiles_dir = Path(ns.profiles) if ns.profiles else bundled / "ppipe"
-    transfer = None if ns.profiles else bundled / "ppipe-transfer-sizes"
-    profiles = load_model_profiles(
-        profiles_dir, ns.model, gpus=list(cluster.gpus), transfer_dir=transfer
-    )
+    profiles = _ppipe_profiles(ns.profiles, ns.model, cluster)
     plan = plan_from_json(read_json(ns.plan, "pipeline plan"), profiles, cluster, ns.plan)
     trace = load_timestamps(ns.trace or BUNDLED_TRACE) if ns.arrival == "trace" else None
     config = PlaneConfig(noise_sigma=ns.noise_sigma)
