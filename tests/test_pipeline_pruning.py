@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from pathlib import Path
 
 import pytest
 
 from scheduler.pipeline.candidates import Candidate, enumerate_candidates, undominated
-from scheduler.pipeline.milp import Cluster, plan_pipelines, solve_candidates
+from scheduler.pipeline.milp import (
+    Cluster,
+    PipelinePlan,
+    _solve_configs,
+    plan_pipelines,
+    solve_candidates,
+    solve_screened,
+)
 from scheduler.pipeline.profiles import ModelProfiles, load_model_profiles
-from scheduler.pipeline.screening import candidate_bounds
+from scheduler.pipeline.screening import candidate_bounds, configs
 
 CLOUD = Path(__file__).resolve().parent.parent / "traces" / "data" / "profiles" / "cloud"
 
@@ -93,3 +103,72 @@ def test_screening_on_a_hard_model_matches_the_plain_milp() -> None:
     assert screened.candidates < plain.candidates  # dominance pruning only
     low = max(plain.throughput_rps, screened.throughput_rps) * (1 - 1e-4)
     assert min(plain.throughput_rps, screened.throughput_rps) >= low
+
+
+def brute_force(cands: list[Candidate], cluster: Cluster) -> tuple[float, list[tuple[float, ...]]]:
+    """The optimum over every integer worker vector of every candidate (x_c = min_d r w), and
+    the throughputs of every feasible solution (per candidate); no MILP, no breakpoints."""
+    options = []
+    for c in cands:
+        ranges = [range(cluster.gpus[g].count * m + 1) for g, m in zip(c.gpus, c.mps, strict=True)]
+        opts = {(0.0, (0,) * len(c.gpus))}
+        for w in itertools.product(*ranges):
+            if min(w) > 0:
+                opts.add((min(r * n for r, n in zip(c.rates_rps, w, strict=True)), w))
+        options.append(sorted(opts))
+    best, solutions = 0.0, []
+    for combo in itertools.product(*options):
+        usage: dict[tuple[int, str], float] = {}
+        for c, (_, w) in zip(cands, combo, strict=True):
+            for d, (g, m) in enumerate(zip(c.gpus, c.mps, strict=True)):
+                usage[d, g] = usage.get((d, g), 0.0) + w[d] / m
+        per_type: dict[str, int] = {}
+        for (_, g), used in usage.items():
+            per_type[g] = per_type.get(g, 0) + math.ceil(used - 1e-9)
+        if all(n <= cluster.gpus[g].count for g, n in per_type.items()):
+            xs = tuple(x for x, _ in combo)
+            solutions.append(xs)
+            best = max(best, sum(xs))
+    return best, solutions
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_configuration_milp_matches_brute_force(seed: int) -> None:
+    """The configuration MILP (candidates at the points where a worker count steps up) and the
+    per-configuration bounds UB(c, x) against every integer worker vector."""
+    rng = random.Random(seed)
+    cands = [
+        cand(("A",), (1,), (rng.uniform(20, 100),)),
+        cand(("B",), (2,), (rng.uniform(10, 60),)),
+        cand(("A", "B"), (2, 1), (rng.uniform(10, 60), rng.uniform(20, 100))),
+        cand(("B", "A"), (1, 2), (rng.uniform(20, 100), rng.uniform(10, 60))),
+    ]
+    cluster = Cluster.from_json(
+        {"gpus": {"A": {"count": 2, "per_server": 1}, "B": {"count": 2}}, "nic_gbps": 10}
+    )
+    best, solutions = brute_force(cands, cluster)
+    bounds = candidate_bounds(cands, cluster)
+    listed, below = configs(cands, cluster, bounds, -math.inf)
+    assert below == 0.0
+    solved = _solve_configs(cands, listed, cluster, None, 1e-9, None)
+    assert -solved.res.fun == pytest.approx(best, rel=1e-9)  # the MILP's own objective
+    assert solved.plan.throughput_rps == pytest.approx(best, rel=1e-9)
+    for cfg in listed:  # every configuration's workers carry its throughput
+        rates = cands[cfg.cand].rates_rps
+        assert min(w * r for w, r in zip(cfg.workers, rates, strict=True)) >= cfg.x_rps * (1 - 1e-9)
+    assert plan_pipelines_of(cands, cluster).throughput_rps == pytest.approx(best, rel=1e-9)
+    ub = {(cfg.cand, round(cfg.x_rps, 6)): cfg.bound_rps for cfg in listed}
+    for xs in solutions:  # every used candidate at its throughput is bounded by UB(c, x)
+        for c, x in enumerate(xs):
+            if x > 0:
+                assert ub[c, round(x, 6)] >= sum(xs) - 1e-6
+    # Screening at the optimum keeps the configurations of an optimal solution.
+    kept, below = configs(cands, cluster, bounds, best * (1 - 1e-9))
+    assert below < best * (1 - 1e-9)
+    again = _solve_configs(cands, kept, cluster, None, 1e-9, None).plan
+    assert again.throughput_rps == pytest.approx(best, rel=1e-9)
+
+
+def plan_pipelines_of(cands: list[Candidate], cluster: Cluster) -> PipelinePlan:
+    """solve_screened with no incumbent MILP shortcut: the whole screened path."""
+    return solve_screened(cands, cluster, None, 1e-9)

@@ -26,6 +26,22 @@ Speed (one model, more than SCREEN_TOP candidates; `solve_screened`): exact LP-b
 (`scheduler.pipeline.screening`) drops every candidate that no solution better than an incumbent
 can use, and the last MILP searches only above that incumbent; the reported gap bounds the
 whole problem, so the optimum and the gap semantics are those of the plain MILP.
+
+Configuration MILP (the last MILP when at most CONFIG_LIMIT configurations survive). Some optimum
+runs every candidate c at a point x where one of its worker counts steps up (x = j * r_{c,d}, or
+x = U_c) on w_{c,d} = ceil(x / r_{c,d}) workers: lowering w to ceil(x_c / r) and raising x_c to
+the next such point changes no GPU count and loses no throughput. `screening.configs` lists the
+configurations (c, x) that a solution worth the cutoff z' or more can use (UB(c, x) >= z'); with
+y_j in {0, 1} per configuration j = (c_j, x_j, w_j) and n_{d,k} as above:
+
+    maximise  sum_j x_j y_j
+    s.t.      sum_{j: k_{c_j,d} = k} L * w_{j,d} / m_{c_j,d} * y_j <= L * n_{d,k}   for all d, k
+              sum_d n_{d,k} <= N_k  for all k,   sum_{j of c} y_j <= 1  for all c,
+              sum_j x_j y_j >= z'
+
+(L: the lcm of the MPS levels, so every coefficient is an integer). Its LP relaxation sees the
+ceilings the plain one averages away (a sliver of a pipeline costs whole workers), which closes
+the gap the plain MILP leaves on efficientnet-b8; its optimum is the plain MILP's.
 """
 
 from __future__ import annotations
@@ -52,7 +68,7 @@ from scheduler.pipeline.cluster import Cluster, GpuPool
 from scheduler.pipeline.dart import plan_dart_r
 from scheduler.pipeline.plan import Partition, Pipeline, PipelinePlan, pipeline_of, worker_count
 from scheduler.pipeline.profiles import ModelProfiles
-from scheduler.pipeline.screening import candidate_bounds
+from scheduler.pipeline.screening import Config, candidate_bounds, configs
 
 __all__ = [
     "BATCHING_DELAY_FACTOR",
@@ -78,6 +94,8 @@ SCREEN_TOP = 20  # candidates of largest UB(c) the incumbent MILP chooses among
 HEURISTIC_NODES = 500  # branch-and-bound nodes the incumbent MILP may spend
 HEURISTIC_SHARE = 0.2  # of the time limit, for the incumbent MILP
 CUTOFF_SHARE = 0.5  # the final MILP looks for solutions above z * (1 + this * mip_rel_gap)
+WARM_TOP = 50  # candidates of largest UB(c) whose configurations the second incumbent uses
+CONFIG_LIMIT = 100_000  # most configurations the final MILP takes; more: the plain MILP over S
 FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
 
@@ -396,6 +414,64 @@ def _solve_single(
     return _Single(plan, used, dual, res)
 
 
+def _solve_configs(
+    cands: Sequence[Candidate],
+    chosen: Sequence[Config],
+    cluster: Cluster,
+    time_limit_s: float | None,
+    mip_rel_gap: float,
+    cutoff: float | None,
+    node_limit: int | None = None,
+) -> _Single:
+    """The configuration MILP (see module) over `chosen`, with sum_j x_j y_j >= cutoff."""
+    types = sorted(cluster.gpus)
+    parts = max(len(cands[cfg.cand].gpus) for cfg in chosen)
+    n_y, n_n = len(chosen), parts * len(types)
+    owners = sorted({cfg.cand for cfg in chosen})
+    owner_row = {c: n_n + len(types) + i for i, c in enumerate(owners)}
+    scale = math.lcm(*(m for c in owners for m in cands[c].mps))  # integer coefficients
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for j, cfg in enumerate(chosen):
+        cand = cands[cfg.cand]
+        for d, (gpu, m) in enumerate(zip(cand.gpus, cand.mps, strict=True)):
+            rows.append(d * len(types) + types.index(gpu))
+            cols.append(j)
+            vals.append(float(cfg.workers[d] * (scale // m)))
+        rows.append(owner_row[cfg.cand])
+        cols.append(j)
+        vals.append(1.0)
+    for d in range(parts):
+        for k in range(len(types)):
+            rows += [d * len(types) + k, n_n + k]
+            cols += [n_y + d * len(types) + k] * 2
+            vals += [-float(scale), 1.0]
+    counts = [float(cluster.gpus[gpu].count) for gpu in types]
+    upper = np.array([0.0] * n_n + counts + [1.0] * len(owners))
+    objective = np.zeros(n_y + n_n)
+    objective[:n_y] = [cfg.x_rps for cfg in chosen]
+    if cutoff is not None:  # -sum_j x_j y_j <= -cutoff
+        rows += [len(upper)] * n_y
+        cols += list(range(n_y))
+        vals += [-cfg.x_rps for cfg in chosen]
+        upper = np.append(upper, -cutoff)
+    matrix = coo_matrix((vals, (rows, cols)), shape=(len(upper), n_y + n_n)).tocsr()
+    var_upper = np.concatenate([np.ones(n_y), np.repeat([counts], parts, axis=0).ravel()])
+    model = _Model(_layout([], parts, len(types), False), matrix, upper, var_upper,
+                   np.ones(n_y + n_n), objective)  # fmt: skip
+    res = _run(model, objective, np.zeros(n_y + n_n), time_limit_s, mip_rel_gap, cutoff, node_limit)
+    picked = [] if res.x is None else [j for j in range(n_y) if float(res.x[j]) > 0.5]
+    pipelines = tuple(
+        pipeline_of(cands[chosen[j].cand], chosen[j].x_rps, chosen[j].workers) for j in picked
+    )
+    total = sum(p.throughput_rps for p in pipelines)
+    plan = PipelinePlan(total, _status(res), _gap(res), None, pipelines, len(cands))
+    bound = getattr(res, "mip_dual_bound", None)
+    dual = None if bound is None or not math.isfinite(float(bound)) else -float(bound)
+    return _Single(plan, [chosen[j].cand for j in picked], dual, res)
+
+
 def solve_screened(
     cands: Sequence[Candidate],
     cluster: Cluster,
@@ -411,6 +487,12 @@ def solve_screened(
        with the row sum_c x_c >= z' (and z' as HiGHS's objective_bound), under the rest of the
        time limit: infeasible proves z within the gap. No solution using a candidate outside S
        is worth z' or more.
+       When at most CONFIG_LIMIT configurations (c, x) have UB(c, x) >= z', the last MILP is
+       the configuration MILP over them (see module) instead, and "outside" also covers the
+       configurations left out (each UB(c, x) < z'). Before it, when they span more than
+       WARM_TOP candidates, the configuration MILP over those of the WARM_TOP candidates of
+       largest UB, without the cutoff row (HEURISTIC_NODES nodes, HEURISTIC_SHARE of the limit),
+       may raise z; z' and the configurations are then screened again at the new z'.
     The better of the two solutions is the plan. Its gap is against max(the last MILP's bound
     over S, or z' if it found nothing above z', and max UB outside S): a bound on every
     solution over all candidates. `candidates` counts all of `cands`.
@@ -428,14 +510,35 @@ def solve_screened(
     keep = [i for i in range(len(cands)) if cutoff is None or ub[i] >= cutoff]
     outside = max((ub[i] for i in range(len(cands)) if cutoff and ub[i] < cutoff), default=0.0)
     rest = None if time_limit_s is None else time_limit_s - (share or 0.0)
-    final = (
-        _solve_single([cands[i] for i in keep], cluster, rest, mip_rel_gap, cutoff=cutoff)
-        if keep
-        else None
-    )
+    chosen: list[Config] | None = None  # None: the plain MILP over S
+    warm: _Single | None = None
+    if keep and cutoff and bounds.prices is not None:
+        listed, below = configs(cands, cluster, bounds, cutoff)
+        if len(listed) <= CONFIG_LIMIT:
+            chosen, outside = listed, max(outside, below)
+        if chosen and len({cfg.cand for cfg in chosen}) > WARM_TOP:
+            warm_set = set(order[:WARM_TOP])
+            warm = _solve_configs(
+                cands, [cfg for cfg in chosen if cfg.cand in warm_set], cluster, share,
+                mip_rel_gap, None, node_limit=HEURISTIC_NODES,
+            )  # fmt: skip
+            better = warm.plan.throughput_rps * (1 + CUTOFF_SHARE * mip_rel_gap)
+            if better > cutoff:  # a better incumbent: screen again at its cutoff
+                cutoff = better
+                chosen, below = configs(cands, cluster, bounds, cutoff)
+                outside = max((u for u in ub if u < cutoff), default=0.0)
+                outside = max(outside, below)
+        if rest is not None and warm is not None and share is not None:
+            rest = max(0.0, rest - share)
+    final: _Single | None = None
+    if chosen:
+        final = _solve_configs(cands, chosen, cluster, rest, mip_rel_gap, cutoff)
+    elif keep and chosen is None:
+        final = _solve_single([cands[i] for i in keep], cluster, rest, mip_rel_gap, cutoff=cutoff)
     best = first.plan
-    if final is not None and final.plan.throughput_rps > best.throughput_rps:
-        best = final.plan
+    for later in (warm, final):
+        if later is not None and later.plan.throughput_rps > best.throughput_rps:
+            best = later.plan
     if final is None or (final.res.status == 2 and cutoff):
         proved, inside = True, cutoff or 0.0  # no solution over S reaches z'
     else:

@@ -22,6 +22,13 @@ Screening. Given any feasible solution worth z (an incumbent), no candidate with
 used by a solution better than z, so the optimum over S = {c : UB(c) >= z} (plus the incumbent's
 candidates) is the optimum over all candidates, and the MILP's bound over S, raised to
 max_{c not in S} UB(c) (< z), bounds the whole problem. Cost: O(sum_c D_c * points) numpy work.
+
+Configurations. The same argument holds per throughput: every solution that runs c at x_c is
+worth at most UB(c, x_c) = B - g_c + h_c(x_c). A solution's x_c may be raised to the smallest
+point x >= x_c where a ceiling steps up (or U_c) on the same workers, so some optimum runs every
+candidate at such a point with w_{c,d} = ceil(x / r_{c,d}): a configuration (c, x). `configs`
+lists the configurations with UB(c, x) >= z; every solution worth z or more is made of them, at
+most one per candidate (the configuration MILP of `scheduler.pipeline.milp`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,18 @@ class CandidateBounds:
     lp_rps: float
     bound_rps: float  # B: no solution is worth more
     used_bound_rps: tuple[float, ...]  # UB(c) per candidate, in input order
+    prices: Any = None  # p[d, k] / m per candidate partition: [c] -> array (None: no prices)
+    best_any_rps: tuple[float, ...] = ()  # g_c per candidate
+
+
+@dataclass(frozen=True)
+class Config:
+    """Candidate `cand` (an index) at throughput `x_rps` on `workers` (ceil(x / r) each)."""
+
+    cand: int
+    x_rps: float
+    workers: tuple[int, ...]
+    bound_rps: float  # UB(c, x)
 
 
 def throughput_cap_rps(cand: Candidate, cluster: Cluster) -> float:
@@ -108,22 +127,54 @@ def candidate_bounds(cands: Sequence[Candidate], cluster: Cluster) -> CandidateB
     base = float(q @ counts + (np.maximum(0.0, p - q[None, :]) * counts[None, :]).sum())
     best_any = np.zeros(len(cands))
     best_used = np.zeros(len(cands))
+    all_prices = []
     for c, cand in enumerate(cands):
-        rates = np.array(cand.rates_rps)
         prices = np.array(
             [
                 p[d, types.index(gpu)] / m
                 for d, (gpu, m) in enumerate(zip(cand.gpus, cand.mps, strict=True))
             ]
         )
-        cap = throughput_cap_rps(cand, cluster)
-        points = [rate * np.arange(1, math.floor(cap / rate * (1 + 1e-12)) + 1) for rate in rates]
-        xs = np.unique(np.concatenate([*points, [cap]]))
-        xs = xs[(xs > 0) & (xs <= cap)]
-        workers = np.ceil(xs[:, None] / rates[None, :] - _CEIL_SLACK)
-        gain = xs - (np.maximum(workers, 1.0) * prices[None, :]).sum(axis=1)
+        all_prices.append(prices)
+        _, _, gain = _points(cand, cluster, prices)
         best_used[c] = float(gain.max())
         best_any[c] = max(0.0, best_used[c])
     bound = base + float(best_any.sum())
     used = tuple(float(v) for v in bound - best_any + best_used)
-    return CandidateBounds(lp_rps, bound, used)
+    return CandidateBounds(lp_rps, bound, used, all_prices, tuple(float(g) for g in best_any))
+
+
+def _points(
+    cand: Candidate, cluster: Cluster, prices: np.ndarray[Any, np.dtype[np.float64]]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(x, workers, h_c(x)) at the points where a ceiling of c steps up, and at U_c."""
+    rates = np.array(cand.rates_rps)
+    cap = throughput_cap_rps(cand, cluster)
+    points = [rate * np.arange(1, math.floor(cap / rate * (1 + 1e-12)) + 1) for rate in rates]
+    xs = np.unique(np.concatenate([*points, [cap]]))
+    xs = xs[(xs > 0) & (xs <= cap)]
+    workers = np.maximum(np.ceil(xs[:, None] / rates[None, :] - _CEIL_SLACK), 1.0)
+    gain = xs - (workers * prices[None, :]).sum(axis=1)
+    return xs, workers, gain
+
+
+def configs(
+    cands: Sequence[Candidate], cluster: Cluster, bounds: CandidateBounds, threshold_rps: float
+) -> tuple[list[Config], float]:
+    """The configurations (c, x) with UB(c, x) >= threshold_rps (see module), and the largest
+    UB(c, x) below it (0.0 if none): every solution using a configuration not listed is worth
+    at most that. `bounds` must come from `candidate_bounds` on the same `cands`."""
+    out: list[Config] = []
+    below = 0.0
+    if bounds.prices is None:
+        raise ValueError("configs needs the bounds' prices")
+    for c, cand in enumerate(cands):
+        xs, workers, gain = _points(cand, cluster, bounds.prices[c])
+        ub = bounds.bound_rps - bounds.best_any_rps[c] + gain
+        keep = ub >= threshold_rps
+        if (~keep).any():
+            below = max(below, float(ub[~keep].max()))
+        for i in np.flatnonzero(keep):
+            wk = tuple(int(w) for w in workers[i])
+            out.append(Config(c, float(xs[i]), wk, float(ub[i])))
+    return out, below
