@@ -167,6 +167,13 @@ def parser() -> argparse.ArgumentParser:
         default=1000.0,
         help="deadline of requests that give none",
     )
+    srv.add_argument(
+        "--no-fold-bn",
+        dest="fold_bn",
+        action="store_false",
+        help="serve the models as defined (default: batch norms folded into the convolutions "
+        "before them at load: the same function up to float rounding, 4-29%% faster on a CPU)",
+    )
     srv.set_defaults(func=cmd_serve)
 
     cli = sub.add_parser("client", help="a mobile client: frames run locally, sent, or split")
@@ -896,7 +903,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     print(f"loading {', '.join(apps)} ...", file=sys.stderr)
     runtime = build_runtime(
         apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
-        ns.threads, max_queued=ns.max_queued, progress=progress,
+        ns.threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
     )  # fmt: skip
     config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)
     print(

@@ -21,7 +21,11 @@ tolerance). Each peer's batching knobs are tuned over a stated grid (max batch x
 best by capacity, then by on-time ratio at the rate above it) and its best is the one reported;
 Triton also rejects a request that has queued longer than the deadline (its queue policy), and Ray
 Serve takes up to 256 requests at once per replica (`max_ongoing_requests`), both of which only
-help them. layerbatch runs its default policy (dp-tardy).
+help them. layerbatch runs its defaults: dp-tardy, batch norms folded into the convolutions at
+load (`layerbatch serve --no-fold-bn` turns it off; `--fold-peers` hands the peers the same folded
+model, to see how much of the difference that is), and, since torch's 2 threads take both cores,
+inputs decoded on its executor thread between steps (the peers decode inside their batch
+handlers, also in turn with the forward).
 
 The compute bound is the highest rate a plain batch-1 decode + forward can sustain on 2 threads:
 1000 / (decode_ms + forward_ms), medians over the frames, the faster memory layout; it is measured
@@ -32,6 +36,7 @@ Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the ful
     .venv-peers/bin/python bench/peers.py --quick     # resnet18, 300 ms, short runs, 2x2 grid
     .venv-peers/bin/python bench/peers.py             # full: 3 models x {300, 1000} ms, 4x3 grid
     .venv-peers/bin/python bench/peers.py --servers layerbatch,triton --models mobilenet_v2
+    .venv-peers/bin/python bench/peers.py --interleave 26,30,34,38 --rounds 2 [--fold-peers]
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
 out/peers/. The pure parts (search, trace rescaling, summaries, table) are tested in
@@ -43,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import math
 import os
@@ -376,9 +382,16 @@ def triton_body(jpeg: bytes) -> tuple[bytes, dict[str, str]]:
 
 
 def server_command(
-    server: str, model: str, knobs: Knobs, deadline_ms: float, port: int, policy: str
+    server: str,
+    model: str,
+    knobs: Knobs,
+    deadline_ms: float,
+    port: int,
+    policy: str,
+    fold_peers: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEERS_TORCH_THREADS": str(THREADS)}
+    env["PEERS_FOLD_BN"] = "1" if fold_peers else "0"
     here = ROOT / "bench"
     if server == "layerbatch":
         cmd = [str(MAIN_PY), "-m", "layerbatch", "serve", "--apps", model]
@@ -418,11 +431,12 @@ class Running:
         deadline_ms: float,
         logdir: Path,
         policy: str = "dp-tardy",
+        fold_peers: bool = False,
     ) -> None:
         self.server, self.model, self.knobs = server, model, knobs
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd, env = server_command(server, model, knobs, deadline_ms, self.port, policy)
+        cmd, env = server_command(server, model, knobs, deadline_ms, self.port, policy, fold_peers)
         logdir.mkdir(parents=True, exist_ok=True)
         self.log = logdir / f"{server}-{model}-{knobs.label.replace(',', '_')}-{self.port}.log"
         self._logf = self.log.open("wb")
@@ -597,6 +611,7 @@ class Settings:
     profile_rate: float | None
     interleave: list[float]
     rounds: int
+    fold_peers: bool = False
 
 
 def arrivals_for(kind: str, rate: float, duration_s: float, seed: int, trace: np.ndarray) -> Any:
@@ -643,8 +658,8 @@ class Bench:
         known: Sequence[tuple[float, bool]] = (),
     ) -> RateSearch:
         rs = RateSearch(start, tol)
-        for r, ok in known:
-            rs.record(r, ok)
+        for rate, ok in known:
+            rs.record(rate, ok)
         while (r := rs.next_rate()) is not None:
             s = (await self.measure(load, cache, arrival, r, tuning)).summary(deadline)
             rs.record(r, (s["on_time_ratio"] or 0.0) >= THRESHOLD)
@@ -667,7 +682,9 @@ class Bench:
         }
 
     async def start(self, server: str, model: str, knobs: Knobs, deadline: float) -> Load:
-        run = Running(server, model, knobs, deadline, self.st.logdir, self.st.policy)
+        run = Running(
+            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers
+        )
         load = Load(run, self.frames, deadline)
         try:
             await load.ready()
@@ -965,11 +982,20 @@ async def interleaved(
     st: Settings, frames: list[bytes], knobs: dict[str, Knobs], rates: list[float], rounds: int
 ) -> dict[str, Any]:
     """Every server up at once (idle while the others are measured); for each round and rate,
-    each server in turn gets the same Poisson arrivals: the machine's drift hits all alike."""
+    each server in turn gets the same Poisson arrivals: the machine's drift hits all alike. The
+    compute bound is measured before and after (no server up then)."""
     model, deadline = st.models[0], st.deadlines[0]
     bench = Bench(st, frames, np.zeros(2))
     loads: dict[str, Load] = {}
-    out: dict[str, Any] = {"model": model, "deadline_ms": deadline, "rounds": rounds}
+    out: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "model": model,
+        "deadline_ms": deadline,
+        "rounds": rounds,
+        "fold_peers": st.fold_peers,
+        "compute_bound": {"before": await asyncio.to_thread(bench.compute_bound, model)},
+    }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in knobs}
     try:
         for server, k in knobs.items():
@@ -996,6 +1022,9 @@ async def interleaved(
     finally:
         for load in loads.values():
             await bench.stop(load)
+    bound = out["compute_bound"]
+    bound["after"] = await asyncio.to_thread(bench.compute_bound, model)
+    bound["rps"] = round((bound["before"]["rps"] + bound["after"]["rps"]) / 2, 2)
     out["knobs"] = {s: k.label for s, k in knobs.items()}
     out["runs"] = runs
     out["mean_on_time"] = {
@@ -1019,10 +1048,49 @@ def interleaved_main(st: Settings, frames: list[bytes], rates: list[float], roun
     doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds))
     path = st.out.with_name("peers-interleaved.json")
     path.write_text(json.dumps(doc, indent=1))
+    rows = interleaved_results(doc)
+    bound = float(doc["compute_bound"]["rps"])
+    plot(rows, {model: bound}, path.with_suffix(".png"))
     print(f"{'rate':>6}" + "".join(f"{s:>12}" for s in knobs))
     for r in [f"{x:g}" for x in rates]:
         print(f"{r:>6}" + "".join(f"{doc['mean_on_time'][s][r]:>12.3f}" for s in knobs))
-    print(f"wrote {path}")
+    for row in rows:
+        print(
+            f"{row['server']}: on time up to {row['capacity_rps']:g} req/s, crosses "
+            f"{THRESHOLD} at {row['crossing_rps'] or 'a rate outside those measured'}"
+        )
+    print(f"compute bound {bound:g} req/s (mean of before and after)")
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """An --interleave document as `plot`'s results: per server, the mean on-time ratio over
+    the rounds at each rate, and as capacity the highest rate measured below which every mean
+    is >= the threshold (as the capacity search, it trusts a lower failure; 0 if none), and
+    `crossing_rps`, where the mean crosses the threshold by linear interpolation between that
+    rate and the next (None when no measured rate brackets it)."""
+    out = []
+    for server, per in doc["mean_on_time"].items():
+        pts = sorted((float(r), v) for r, v in per.items())
+        ok = [r for r, _ in itertools.takewhile(lambda p: p[1] >= THRESHOLD, pts)]
+        crossing = None
+        if ok and len(ok) < len(pts):
+            (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
+            crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
+        label = doc["knobs"][server] + (", folded" if doc.get("fold_peers") else "")
+        out.append(
+            {
+                "server": server,
+                "model": doc["model"],
+                "deadline_ms": doc["deadline_ms"],
+                "arrival": f"poisson, {doc['rounds']} rounds interleaved",
+                "knobs": label if server != "layerbatch" else doc["knobs"][server],
+                "capacity_rps": max(ok, default=0.0),
+                "crossing_rps": crossing,
+                "runs": {r: {"on_time_ratio": v} for r, v in per.items()},
+            }
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- output
@@ -1100,6 +1168,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "once with its best knobs on record, measured in turn per rate (first model, deadline)",
     )
     ap.add_argument("--rounds", type=int, default=2, help="--interleave: rounds over the rates")
+    ap.add_argument(
+        "--fold-peers",
+        action="store_true",
+        help="the peers also serve the model with batch norms folded into the convolutions "
+        "(as layerbatch's loader does by default)",
+    )
     a = ap.parse_args(argv)
     q = a.quick
     grid = tuning_grid(
@@ -1126,6 +1200,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         profile_rate=a.profile_rate,
         interleave=[float(x) for x in a.interleave.split(",")] if a.interleave else [],
         rounds=a.rounds,
+        fold_peers=a.fold_peers,
     )
 
 

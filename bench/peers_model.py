@@ -3,7 +3,8 @@
 A JPEG is decoded and resized exactly as layerbatch's server does it (server/inputs.py:
 `cv2.imdecode`, BGR -> RGB, then `layerexec.images.rgb_tensor`: resize INTER_LINEAR to the model's
 input, normalise per channel), the model is the one `layerexec.zoo.load_model` builds (the
-torchvision definition under the same seed, so the same weights), in channels-last memory format
+torchvision definition under the same seed, so the same weights; its batch norms folded into the
+convolutions, as layerbatch's loader does, only with PEERS_FOLD_BN=1), in channels-last memory format
 as layerbatch's executor runs it, under `torch.inference_mode()` with 2 intra-op threads; the
 answer is the top-5 classes with their softmax scores, as layerbatch answers a classifier.
 
@@ -29,11 +30,15 @@ if str(ROOT) not in sys.path:
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.fx.experimental.optimization import fuse  # noqa: E402
 
 from layerexec.images import rgb_tensor  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
 
 THREADS = int(os.environ.get("PEERS_TORCH_THREADS", "2"))
+# bench/peers.py --fold-peers: the peers serve the model with batch norms folded into the
+# convolutions, as layerbatch's loader serves it by default
+FOLD_BN = os.environ.get("PEERS_FOLD_BN", "0") == "1"
 
 
 class Model:
@@ -46,6 +51,7 @@ class Model:
         threads: int = THREADS,
         channels_last: bool = True,
         warm_batches: tuple[int, ...] = (1,),
+        fold_batch_norm: bool = FOLD_BN,
     ) -> None:
         torch.set_num_threads(threads)
         self.name = name
@@ -53,6 +59,8 @@ class Model:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.module = self.spec.build().eval()
+        if fold_batch_norm:
+            self.module = fuse(self.module)
         self.channels_last = channels_last
         if channels_last:
             self.module.to(memory_format=torch.channels_last)

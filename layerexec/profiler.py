@@ -97,6 +97,7 @@ def profile_model(
         "max_batch": max_batch if max_batch is not None else max(batch_sizes),
         "layout": "channels_last" if channels_last else "contiguous",
         "weights": model.spec.weights,
+        "batch_norm": "folded" if model.batch_norm_folded else "as defined",
     }
 
 

@@ -63,8 +63,11 @@ def build_runtime(
     groups: int = DEFAULT_GROUPS,
     max_queued: int = 1000,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    fold_batch_norm: bool = True,
+    decode_threads: int | None = None,
 ) -> Runtime:
-    """A runtime serving each named model as an app of its own name."""
+    """A runtime serving each named model as an app of its own name (batch norms folded into
+    the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`)."""
     if threads is not None:
         torch.set_num_threads(threads)
     unknown = [a for a in apps if a not in zoo.MODELS]
@@ -72,7 +75,7 @@ def build_runtime(
         raise InputError(
             "--apps", "", f"a comma list of {', '.join(sorted(zoo.MODELS))}", ",".join(unknown)
         )
-    models = zoo.load_models(apps)
+    models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
     profiles = []
     for name, model in models.items():
         profile = ensure_profile(model, profiles_dir, progress)
@@ -88,7 +91,10 @@ def build_runtime(
         profiles.append(profile)
     deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=groups)
     memory = None if memory_mb is None else memory_mb * 2**20
-    runtime = Runtime(deployment, models, policy, max_queued=max_queued, memory_bytes=memory)
+    runtime = Runtime(
+        deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
+        decode_threads=decode_threads,
+    )  # fmt: skip
     warm_up(runtime)
     return runtime
 

@@ -1,7 +1,11 @@
 """The server's runtime: requests in, the scheduler's plan executed, answers out (paper 003, 5.1).
 
 One asyncio loop owns the engine (scheduler state and plans) and every request's future; one
-executor thread runs actions (torch releases the GIL), a small pool decodes inputs. The runner
+executor thread runs actions (torch releases the GIL). Inputs are decoded by a small pool when
+torch's intra-op threads leave cores free; when they take every core, inputs are decoded on the
+executor thread between steps instead: a decode beside a forward stalls each of torch's parallel
+ops until the core it took comes back (measured here: with one of 2 cores busy, a 2-thread
+resnet18 forward took 25x as long), while in turn a decode costs just its own time. The runner
 repeats the runtime step: read the clock once, run the next piece of the newest plan up to the
 next layer-group boundary on the executor thread, and re-plan while it runs (paper 003 section
 4.1: planning concurrent with execution); hand back how far it got. An arrival also re-plans at
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import time
@@ -78,6 +83,14 @@ def monotonic_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+def spare_cores(torch_threads: int, cores: int | None = None, most: int = 2) -> int:
+    """Decode threads for a server whose torch uses `torch_threads` of `cores` (default: this
+    machine's): the cores torch leaves free, at most `most`; 0 (decode on the executor thread)
+    when torch takes them all."""
+    total = cores if cores is not None else (os.cpu_count() or 1)
+    return max(0, min(most, total - torch_threads))
+
+
 class Runtime:
     def __init__(
         self,
@@ -90,6 +103,7 @@ class Runtime:
         channels_last: bool = True,
         estimate_ttl_ms: float = 250.0,
         calibrate: bool = True,
+        decode_threads: int | None = None,
     ) -> None:
         self.deployment = deployment
         self.base_profiles = list(deployment.profiles.values())
@@ -119,7 +133,14 @@ class Runtime:
         self._exec_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-exec")
         self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-stack")
         self._side_task: asyncio.Task[None] | None = None
-        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="layerbatch-decode")
+        if decode_threads is None:
+            decode_threads = spare_cores(torch.get_num_threads())
+        self.decode_threads = decode_threads
+        self._decode_pool = (
+            ThreadPoolExecutor(decode_threads, thread_name_prefix="layerbatch-decode")
+            if decode_threads > 0
+            else self._exec_pool  # in turn with the steps (module docstring)
+        )
         self._estimates: dict[tuple[str, int], tuple[float, float | None]] = {}
         self._replan_soon = False
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -155,7 +176,8 @@ class Runtime:
             self._answer(rid, "dropped", reason="the server stopped")
         self._exec_pool.shutdown(wait=True)
         self._side_pool.shutdown(wait=True)
-        self._decode_pool.shutdown(wait=False)
+        if self._decode_pool is not self._exec_pool:
+            self._decode_pool.shutdown(wait=False)
         self.executor.close()
 
     # --- what apps there are ---------------------------------------------------------------
@@ -501,4 +523,5 @@ class Runtime:
             },
             "store_bytes": self.executor.store.nbytes(),
             "time_scale": round(self.time_scale, 3),
+            "decode_threads": self.decode_threads,
         }

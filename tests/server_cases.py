@@ -107,10 +107,17 @@ def restore_process_globals() -> Iterator[None]:
 
 
 def build(
-    apps: Sequence[str] = (CIFAR,), policy: str = "dp-tardy", max_queued: int = 1000
+    apps: Sequence[str] = (CIFAR,),
+    policy: str = "dp-tardy",
+    max_queued: int = 1000,
+    decode_threads: int = 1,
 ) -> Runtime:
-    """A runtime over the bundled CPU profiles, one torch thread, calibration off (see above)."""
-    runtime = build_runtime(list(apps), policy=policy, threads=1, max_queued=max_queued)
+    """A runtime over the bundled CPU profiles, one torch thread, calibration off (see above),
+    one decode thread (so that a test holding the executor can still have inputs decoded, on a
+    machine of any size)."""
+    runtime = build_runtime(
+        list(apps), policy=policy, threads=1, max_queued=max_queued, decode_threads=decode_threads
+    )
     runtime.calibrate = False
     return runtime
 

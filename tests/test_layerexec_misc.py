@@ -326,4 +326,6 @@ def test_shipped_cpu_profile_matches_the_zoo_model(path: Path) -> None:
         assert p.stages[k].out_shape == m.in_shapes[k + 1]
     raw: dict[str, Any] = json.loads(path.read_text())
     assert all(s.get("peak_bytes", 0) > 0 for s in raw["stages"])
+    # measured on the model as the server loads it (batch norms folded, except the detector's)
+    assert raw["batch_norm"] == ("folded" if m.batch_norm_folded else "as defined")
     Executor(Deployment([p]), {p.model: m})  # the executor accepts it

@@ -10,6 +10,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+import torch
 
 from bench.peers import (
     AZURE_TRACE,
@@ -21,9 +22,11 @@ from bench.peers import (
     categorize,
     compute_bound_rps,
     format_table,
+    interleaved_results,
     knobs_from_label,
     poisson_arrivals_s,
     profile_breakdown,
+    server_command,
     summarize,
     table_rows,
     trace_arrivals_s,
@@ -226,3 +229,66 @@ def test_profile_breakdown_attributes_samples_to_threads_and_categories() -> Non
 @pytest.mark.parametrize("knobs", [Knobs(), Knobs(1, 0.0), Knobs(8, 5.0), Knobs(16, 1.5)])
 def test_knobs_label_round_trips(knobs: Knobs) -> None:
     assert knobs_from_label(knobs.label) == knobs
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_every_server_gets_the_same_threads_and_fold_only_reaches_the_peers(fold: bool) -> None:
+    for server in ("layerbatch", "triton", "ray", "torchserve"):
+        cmd, env = server_command(server, "resnet18", Knobs(4, 5.0), 300.0, 9000, "dp-tardy", fold)
+        assert env["PEERS_TORCH_THREADS"] == "2"
+        if server == "layerbatch":
+            assert cmd[cmd.index("--threads") + 1] == "2"
+            assert "--no-fold-bn" not in cmd  # layerbatch folds by default, either way
+        else:
+            assert env["PEERS_FOLD_BN"] == ("1" if fold else "0")
+
+
+def test_a_peer_given_the_folded_model_answers_as_the_plain_one() -> None:
+    from bench.peers_model import Model
+
+    threads = torch.get_num_threads()
+    try:  # Model sets torch's thread count for its process
+        plain = Model("resnet18", fold_batch_norm=False)
+        folded = Model("resnet18", fold_batch_norm=True)
+    finally:
+        torch.set_num_threads(threads)
+    x = plain.decode(small_frame())[None]
+    (c0, s0), (c1, s1) = plain.forward(x), folded.forward(x)
+    assert c0.tolist() == c1.tolist()
+    np.testing.assert_allclose(s0, s1, rtol=1e-4, atol=1e-6)
+
+
+def small_frame() -> bytes:
+    import cv2
+
+    rgb = np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    ok, buf = cv2.imencode(".jpg", rgb)
+    assert ok
+    return bytes(buf)
+
+
+def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_time() -> None:
+    doc = {
+        "model": "resnet18",
+        "deadline_ms": 300.0,
+        "rounds": 2,
+        "fold_peers": True,
+        "knobs": {"layerbatch": "default", "triton": "B=8,5ms"},
+        "mean_on_time": {
+            "layerbatch": {"26": 0.96, "30": 0.95, "34": 0.91, "38": 0.78},
+            "triton": {"26": 0.83, "30": 0.61, "34": 0.92, "38": 0.3},  # a noisy 34
+        },
+    }
+    rows = {r["server"]: r for r in interleaved_results(doc)}
+    assert rows["layerbatch"]["capacity_rps"] == 34.0
+    assert rows["triton"]["capacity_rps"] == 0.0  # 26 failed: a lower failure is trusted
+    assert rows["triton"]["knobs"] == "B=8,5ms, folded"
+    assert rows["layerbatch"]["knobs"] == "default"
+    assert rows["triton"]["runs"]["30"] == {"on_time_ratio": 0.61}
+    assert rows["layerbatch"]["crossing_rps"] == pytest.approx(34 + 4 * 0.01 / 0.13, abs=0.05)
+    assert rows["triton"]["crossing_rps"] is None  # below the lowest rate measured
+    doc["mean_on_time"]["triton"] = {"30": 0.95, "26": 0.97, "34": 0.5}  # any order
+    assert interleaved_results(doc)[1]["capacity_rps"] == 30.0
+    assert interleaved_results(doc)[1]["crossing_rps"] == pytest.approx(
+        30 + 4 * 0.05 / 0.45, abs=0.05
+    )

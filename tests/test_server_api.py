@@ -638,3 +638,38 @@ def test_plan_of_an_unstarted_runtime_equals_the_simulators(policy: str) -> None
     runtime.engine.replan(now)
     assert runtime.engine.plan == sim_plan(runtime.deployment, requests, now, policy)
     assert runtime.engine.plan is not None and runtime.engine.plan.dropped  # some expired
+
+
+# --- decoding ---------------------------------------------------------------------------------
+def test_decode_threads_are_the_cores_torch_leaves_free() -> None:
+    from server.runtime import spare_cores
+
+    assert spare_cores(2, cores=2) == 0  # torch takes every core: decode between steps
+    assert spare_cores(1, cores=2) == 1
+    assert spare_cores(2, cores=16) == 2  # at most 2 by default
+    assert spare_cores(4, cores=16, most=8) == 8
+    assert spare_cores(8, cores=4) == 0
+
+
+@pytest.mark.asyncio
+async def test_decoding_on_the_executor_thread_serves_every_request(aiohttp_client: Any) -> None:
+    """With no decode thread (torch on every core) inputs are decoded on the executor thread in
+    turn with the steps: concurrent requests are all answered, a bad JPEG among them gets its
+    422 and the others their results."""
+    runtime = build([CIFAR], decode_threads=0)
+    assert runtime.decode_threads == 0
+    client = await serve(aiohttp_client, runtime)
+    status, doc = await get_json(client, "/v1/status")
+    assert doc["decode_threads"] == 0
+    good = [
+        asyncio.create_task(infer(client, infer_doc(small_jpeg(i), request_id=f"g{i}")))
+        for i in range(12)
+    ]
+    bad = asyncio.create_task(infer(client, infer_doc(b"not a jpeg", request_id="bad")))
+    results = await asyncio.gather(*good)
+    for i, (status, answer) in enumerate(results):
+        assert status == 200
+        check_ok_answer(answer, f"g{i}")
+    status, answer = await bad
+    assert status == 422 and answer["error"].startswith("payload.jpeg:")
+    assert not runtime.pending

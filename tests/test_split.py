@@ -231,9 +231,11 @@ def test_load_models_loads_a_model_listed_twice_once(monkeypatch: pytest.MonkeyP
     calls: list[str] = []
     real = zoo.load_model
 
-    def counting(name: str, seed: int = zoo.DEFAULT_SEED) -> zoo.StagedModel:
+    def counting(
+        name: str, seed: int = zoo.DEFAULT_SEED, fold_batch_norm: bool = True
+    ) -> zoo.StagedModel:
         calls.append(name)
-        return real(name, seed)
+        return real(name, seed, fold_batch_norm)
 
     monkeypatch.setattr(zoo, "load_model", counting)
     # two apps list resnet18
