@@ -156,6 +156,19 @@ def scaled(profile: Profile, factor: float) -> Profile:
     return dataclasses.replace(profile, stages=stages)
 
 
+def with_entry_cost(profile: Profile, per_sample_ms: float) -> Profile:
+    """The profile with `per_sample_ms` per sample added to its first stage (b x per_sample_ms
+    at each measured batch size b): work each request costs the device once, before that stage,
+    e.g. decoding its input on the executor thread."""
+    if per_sample_ms <= 0.0:
+        return profile
+    first = profile.stages[0]
+    sizes = profile.batch_sizes
+    lat = tuple(x + b * per_sample_ms for x, b in zip(first.latency_ms, sizes, strict=True))
+    stages = (dataclasses.replace(first, latency_ms=lat), *profile.stages[1:])
+    return dataclasses.replace(profile, stages=stages)
+
+
 def dumps_profile(doc: dict[str, Any]) -> str:
     """A profile document as JSON text with one stage per line (readable, diffable)."""
     head = {k: v for k, v in doc.items() if k != "stages"}

@@ -13,10 +13,12 @@ once on the loop; if a new plan no longer starts with the running step, the step
 its next stage boundary (exit check). When the plan has no valid next piece, plan first.
 
 Profiles are measured on an idle machine; a serving machine also decodes, parses and plans, so
-its stages run slower. The runtime compares every completed step's measured time with its
-profiled time (EWMA) and, when the two drift apart by more than 15%, plans with the profiles
-rescaled by the measured factor (`time_scale` in /v1/status): deadlines are judged against what
-this machine really does.
+its stages run slower. The runtime compares every completed step's measured time (read on the
+executor thread) with its profiled time (EWMA) and, when the two drift apart by more than 15%,
+plans with the profiles rescaled by the measured factor (`time_scale` in /v1/status). Decodes on
+the executor thread are device time per request, not per stage: their measured mean (EWMA,
+`decode_ms`) is added per sample to each model's first stage instead. Deadlines are judged
+against what this machine really does.
 
 Every accepted request is answered exactly once: with its result, as dropped (by the plan, with
 the reason), or with an error if its action failed. A client that goes away is forgotten: its
@@ -45,9 +47,9 @@ from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
 from scheduler.policies import make_policy
-from scheduler.profile import scaled
+from scheduler.profile import scaled, with_entry_cost
 from scheduler.state import SchedulerState
-from scheduler.types import Request, Step
+from scheduler.types import Action, Request, Step
 from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
@@ -106,9 +108,11 @@ class Runtime:
         decode_threads: int | None = None,
     ) -> None:
         self.deployment = deployment
-        self.base_profiles = list(deployment.profiles.values())
+        self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
         self.time_scale = 1.0
+        self.decode_ms: float | None = None  # EWMA of decodes on the executor thread
+        self._entry_ms = 0.0  # the decode_ms the plans' profiles carry
         self._measured: tuple[float, float] | None = None  # EWMA of (measured, profiled) ms
         self._steps_since_check = 0
         self.models = dict(models)
@@ -209,7 +213,13 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
-            tensor = await loop.run_in_executor(self._decode_pool, self._decode, req)
+            if self.decode_threads == 0:  # on the executor thread: device time (module doc)
+                tensor, took_ms = await loop.run_in_executor(
+                    self._decode_pool, self._decode_timed, req
+                )
+                self._observe_decode(took_ms)
+            else:
+                tensor = await loop.run_in_executor(self._decode_pool, self._decode, req)
         finally:
             self._admitting -= 1
         if rid in self.pending:  # the same id arrived while we decoded
@@ -280,6 +290,18 @@ class Runtime:
         if not p.future.done():
             p.future.cancel()
 
+    def _decode_timed(self, req: InferRequest) -> tuple[torch.Tensor, float]:
+        started = self.clock()
+        tensor = self._decode(req)
+        return tensor, self.clock() - started
+
+    def _observe_decode(self, took_ms: float) -> None:
+        """Fold one decode's time on the executor thread into `decode_ms` (EWMA)."""
+        if self.decode_ms is None:
+            self.decode_ms = took_ms
+        else:
+            self.decode_ms += CALIBRATION_WEIGHT * (took_ms - self.decode_ms)
+
     def _decode(self, req: InferRequest) -> torch.Tensor:
         if req.jpeg is not None:
             return image_tensor(req.jpeg, self.first_spec(req.app))
@@ -341,14 +363,9 @@ class Runtime:
         action = step.action
         cancel = threading.Event()
         self._cancel = cancel
-        started = self.clock()
-        for rid in action.request_ids:
-            p = self.pending.get(rid)
-            if p is not None and p.first_run_ms is None:
-                p.first_run_ms = started
         try:
-            progress = await loop.run_in_executor(
-                self._exec_pool, self.executor.run, action, cancel.is_set
+            started, ended, progress = await loop.run_in_executor(
+                self._exec_pool, self._run_timed, action, cancel.is_set
             )
         except Exception as exc:  # one action failed: fail its requests, keep serving the rest
             ids = list(action.request_ids)
@@ -365,15 +382,32 @@ class Runtime:
             return
         finally:
             self._cancel = None
-        ended = self.clock()
+        for rid in action.request_ids:
+            p = self.pending.get(rid)
+            if p is not None and p.first_run_ms is None:
+                p.first_run_ms = started
         done = progress.stages_done
         if progress.cancelled:
             self.metrics.preempted += 1
         elif done:
             predicted = max(step.end_ms - step.start_ms, 1e-6)
             self.metrics.step_ratio.observe((ended - started) / predicted)
-            self._calibrate(ended - started, predicted / self.time_scale)
+            k0, b = action.stages[0], action.batch_size
+            base = self.base_profiles[action.model]
+            profiled = sum(base.latency_ms(k, b) for k in range(k0, k0 + done))
+            self._calibrate(ended - started, profiled)
         self._account(progress, ended - started, self.engine.finish(done))
+
+    def _run_timed(
+        self, action: Action, cancel: Callable[[], bool]
+    ) -> tuple[float, float, Progress]:
+        """`executor.run` on the executor thread, with the clock read there when it starts and
+        ends: the step's own time, without the decodes queued before it on that thread (those
+        are per request, not per stage: counting them would inflate the calibration) or the
+        hand-back to the loop."""
+        started = self.clock()
+        progress = self.executor.run(action, cancel)
+        return started, self.clock(), progress
 
     def _start_beside(self) -> None:
         """Start the newest plan's stacked action (`Plan.beside`) on the second lane, if it has
@@ -444,12 +478,16 @@ class Runtime:
             return
         self._steps_since_check = 0
         factor = self._measured[0] / self._measured[1]
-        if abs(factor / self.time_scale - 1.0) > CALIBRATION_DRIFT:
+        entry_ms = self.decode_ms or 0.0
+        if abs(factor / self.time_scale - 1.0) > CALIBRATION_DRIFT or abs(
+            entry_ms - self._entry_ms
+        ) > CALIBRATION_DRIFT * max(self._entry_ms, 1.0):
             d = self.deployment
-            profiles = [scaled(p, factor) for p in self.base_profiles]
+            profiles = [with_entry_cost(scaled(p, factor), entry_ms)
+                        for p in self.base_profiles.values()]  # fmt: skip
             self.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
             self.engine.rebase(self.deployment)
-            self.time_scale = factor
+            self.time_scale, self._entry_ms = factor, entry_ms
             self._estimates.clear()
 
     def _record_plans(self) -> None:
@@ -524,4 +562,5 @@ class Runtime:
             "store_bytes": self.executor.store.nbytes(),
             "time_scale": round(self.time_scale, 3),
             "decode_threads": self.decode_threads,
+            "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
         }

@@ -38,9 +38,9 @@ def with_stacking(runtime: Any, slowdown: float, slower: str, factor: float) -> 
             scaled(p, factor) if p.model == slower else p,
             stacking_slowdown={m: slowdown for m in models if m != p.model},
         )
-        for p in runtime.base_profiles
+        for p in runtime.base_profiles.values()
     ]
-    runtime.base_profiles = profiles
+    runtime.base_profiles = {p.model: p for p in profiles}
     runtime.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
     runtime.engine.rebase(runtime.deployment)
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from scheduler.deployment import Deployment
 from scheduler.errors import InputError
-from scheduler.profile import load_profile, parse_profile
+from scheduler.profile import load_profile, parse_profile, with_entry_cost
 from tests.sim_cases import PPIPE_TIMING, SHIPPED_PROFILES, profile_doc, write_json
 
 # the GPU profiles converted from PPipe (the *-cpu.json ones are measured: tests/test_layerexec_misc.py)
@@ -373,3 +373,13 @@ def test_coarsen_merges_stages_into_blocks_of_about_equal_time() -> None:
         whole = sum(p.latency_ms(k, b) for k in range(p.num_stages))
         assert sum(blocks.latency_ms(k, b) for k in range(3)) == pytest.approx(whole)
     assert coarsen(p, 99).num_stages == p.num_stages
+
+
+# --- per-request work on the device (server/runtime.py: decodes on the executor thread) -----
+def test_an_entry_cost_is_added_per_sample_to_the_first_stage_only() -> None:
+    p = parse_profile(profile_doc([[4.0, 6.0, 12.0], [1.0, 2.0, 3.0]], batch_sizes=(2, 4, 8)))
+    q = with_entry_cost(p, 1.5)
+    for b in range(1, 9):
+        assert q.latency_ms(0, b) == pytest.approx(p.latency_ms(0, b) + 1.5 * b)
+        assert q.latency_ms(1, b) == p.latency_ms(1, b)
+    assert with_entry_cost(p, 0.0) is p

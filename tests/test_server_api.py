@@ -361,6 +361,7 @@ async def test_status_shows_policy_queue_per_stage_and_counters(aiohttp_client: 
     assert doc["accepting"] is True
     assert doc["queued"] == 0 and doc["queue"] == {} and doc["running"] is None
     assert doc["time_scale"] == 1.0
+    assert doc["decode_threads"] == 1 and doc["decode_ms"] is None  # decodes beside: not timed
     assert doc["counters"] == {
         "answered": {},
         "on_time": {},
@@ -673,3 +674,49 @@ async def test_decoding_on_the_executor_thread_serves_every_request(aiohttp_clie
     status, answer = await bad
     assert status == 422 and answer["error"].startswith("payload.jpeg:")
     assert not runtime.pending
+    # each decode's time on the executor thread is measured: device time per request
+    status, doc = await get_json(client, "/v1/status")
+    assert doc["decode_ms"] is not None and doc["decode_ms"] > 0
+
+
+def test_a_steps_measured_time_excludes_what_queued_before_it_on_the_executor_thread() -> None:
+    """Decodes queue on the executor thread before a step; the time the step is calibrated
+    with starts when the step itself starts, so they do not inflate `time_scale`."""
+    import threading
+    import time as wall
+
+    from scheduler.types import Action
+
+    runtime = build([CIFAR], decode_threads=0)
+    model = runtime.models[CIFAR]
+    runtime.executor.admit("r", CIFAR, 0, torch.zeros(model.in_shapes[0]))
+    gate = threading.Event()
+    runtime._exec_pool.submit(gate.wait)  # what queued first (a decode, say)
+    never = lambda: False  # noqa: E731  exit checks on, never firing
+    step = runtime._exec_pool.submit(runtime._run_timed, Action(CIFAR, (0, 1), ("r",)), never)
+    wall.sleep(0.05)
+    released_ms = runtime.clock()
+    gate.set()
+    started, ended, progress = step.result(timeout=30)
+    assert started >= released_ms and ended >= started
+    assert progress.stages_done == 1
+
+
+def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> None:
+    """Calibration keeps the measured factor for stages and adds the measured decode time per
+    sample to each model's first stage, so plans count the device time decodes take."""
+    from server.runtime import CALIBRATION_EVERY
+
+    runtime = build([CIFAR], decode_threads=0)
+    runtime.calibrate = True
+    base = runtime.base_profiles[CIFAR]
+    runtime._observe_decode(2.0)
+    runtime._observe_decode(2.0)
+    for _ in range(CALIBRATION_EVERY):
+        runtime._calibrate(10.0, 10.0)  # stages as profiled
+    assert runtime.time_scale == pytest.approx(1.0)
+    d = runtime.deployment
+    for b in (1, 4):
+        assert d.latency_ms(CIFAR, 0, b) == pytest.approx(base.latency_ms(0, b) + 2.0 * b)
+        assert d.latency_ms(CIFAR, 1, b) == pytest.approx(base.latency_ms(1, b))
+    assert runtime.engine.deployment is d
