@@ -389,12 +389,13 @@ class Runtime:
         done = progress.stages_done
         if progress.cancelled:
             self.metrics.preempted += 1
-        elif done:
-            predicted = max(step.end_ms - step.start_ms, 1e-6)
-            self.metrics.step_ratio.observe((ended - started) / predicted)
+        elif done:  # the stages' own time against the base profile (decodes apart)
             k0, b = action.stages[0], action.batch_size
             base = self.base_profiles[action.model]
             profiled = sum(base.latency_ms(k, b) for k in range(k0, k0 + done))
+            self.metrics.step_ratio.observe(
+                (ended - started) / max(profiled * self.time_scale, 1e-6)
+            )
             self._calibrate(ended - started, profiled)
         self._account(progress, ended - started, self.engine.finish(done))
 
