@@ -422,29 +422,12 @@ def test_runs_are_deterministic_and_sweeps_cover_the_grid(
     profiles: ModelProfiles, cluster: Cluster
 ) -> None:
     plan = plan_from_json(EXAMPLE, profiles, cluster)
-    a = run_plane(
-        profiles,
-        cluster,
-        plan,
-        EXAMPLE_SLO_MS,
-        "ppipe",
-        "poisson",
-        0.7,
-        3.0,
-        np.random.default_rng(5),
-    )
-    b = run_plane(
-        profiles,
-        cluster,
-        plan,
-        EXAMPLE_SLO_MS,
-        "ppipe",
-        "poisson",
-        0.7,
-        3.0,
-        np.random.default_rng(5),
-    )
-    assert a == b
+
+    def run(seed: int) -> object:
+        rng = np.random.default_rng(seed)
+        return run_plane(profiles, cluster, plan, EXAMPLE_SLO_MS, "ppipe", "poisson", 0.7, 3.0, rng)
+
+    assert run(5) == run(5)
     sweep = load_factor_sweep(
         profiles,
         cluster,
