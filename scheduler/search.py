@@ -36,6 +36,8 @@ from scheduler.types import Action, Request
 
 EXACT_APPS = 6
 
+Prefix = tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
+
 
 @dataclass(frozen=True)
 class Positions:
@@ -85,8 +87,8 @@ class AppSearch:
         self.apps = tuple(sorted(self.by_app))
         self.sharing = {a: d.apps_sharing(a) & set(self.apps) for a in self.apps}
         self.component = _components(self.apps, self.sharing)
-        # keyed by the app and the order of the apps before it that can move its requests
-        self._problems: dict[tuple[str, tuple[str, ...]], AppProblem] = {}
+        # keyed by the app and the `_prefix` before it
+        self._problems: dict[tuple[str, Prefix], AppProblem] = {}
         self._solved: dict[tuple[Any, ...], tuple[AppProblem, Solution]] = {}
 
     def start(self) -> Positions:
@@ -164,9 +166,11 @@ class AppSearch:
         at: Positions,
         rest: Sequence[str],
         t0: float,
-        prefix: tuple[str, ...],
+        steps: Sequence[tuple[AppProblem, Solution]],
     ) -> tuple[AppProblem, Solution]:
-        # the app's problem depends only on the apps before it that can move its requests
+        # the app's problem depends only on the apps before it that can move its requests and on
+        # the segmentations they ran (see `_prefix`)
+        prefix = _prefix(steps, self.component[app])
         prob = self._problems.get((app, prefix))
         if prob is None:
             prob = self._problems[(app, prefix)] = self.problem(app, at)
@@ -205,8 +209,7 @@ class AppSearch:
             return
         for a in live:
             rest = tuple(b for b in live if b != a)
-            prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
-            prob, sol = self._solve(objective, a, at, rest, t0, prefix)
+            prob, sol = self._solve(objective, a, at, rest, t0, steps)
             # time: sol.cost_ms charges the apps after `a` for waiting; tardy: it is the sum of
             # a's completion times measured from now. Either way the costs add up.
             c2, t2 = cost + sol.cost_ms, tardy + sol.tardy
@@ -237,15 +240,13 @@ class AppSearch:
                 scored = []
                 for a in live:
                     rest = [b for b in live if b != a]
-                    prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
-                    prob, sol = self._solve(objective, a, at, rest, t0, prefix)
+                    prob, sol = self._solve(objective, a, at, rest, t0, steps)
                     scored.append((sol.duration_ms / at.left[a], a, prob, sol))
                 _, a, prob, sol = min(scored, key=lambda x: (x[0], x[1]))
             else:
                 a = min(live, key=lambda x: (min(r.deadline_ms for r in self.by_app[x]), x))
                 rest = [b for b in live if b != a]
-                prefix = tuple(p.app for p, _ in steps if p.app in self.component[a])
-                prob, sol = self._solve(objective, a, at, rest, t0, prefix)
+                prob, sol = self._solve(objective, a, at, rest, t0, steps)
                 tardy += sol.tardy
             at, _ = self.run(prob, sol, at, build=False)
             cost += sol.cost_ms
@@ -289,6 +290,15 @@ class AppSearch:
             at, acts = self.run(prob, sol, at, build=True)
             out.extend(acts)
         return out
+
+
+def _prefix(steps: Sequence[tuple[AppProblem, Solution]], component: frozenset[str]) -> Prefix:
+    """What fixes where an app's requests stand: the apps before it in its component (the only
+    ones that can move them), in order, each with the segmentation it ran. The names alone are
+    not enough: an app's segmentation also depends on apps of other components (how many wait
+    after it for dp-time, when it starts for dp-tardy), and a different segmentation carries
+    different riders along."""
+    return tuple((p.app, s.cuts) for p, s in steps if p.app in component)
 
 
 def _components(

@@ -307,6 +307,43 @@ def test_riders_fill_only_the_room_b_leaves() -> None:
         assert any(len(b) == 2 for b in det_batches), "no batching at the shared model at all"
 
 
+def test_an_app_is_planned_from_where_the_earlier_apps_segmentation_left_its_requests() -> None:
+    """Regression (found by hypothesis): m1 shares nothing, so whether it runs before or after
+    m0 changes how many requests wait behind m0 and so m0's segmentation, and with it which c02
+    requests ride m0 into m2 (B = 6 leaves room for two of the three). c02's problem was once
+    memoised by the names of the apps before it alone, so an order with m1 last reused the
+    positions of an order with m1 first and planned c3 at m2 while it stood at m0[0]."""
+    d = Deployment(
+        [
+            make_profile(
+                "m0",
+                [
+                    [0.5] * 4,
+                    [0.5] * 4,
+                    [0.5, 6.0, 12.0, 12.5],
+                    [0.5, 0.5, 6.5, 12.5],
+                    [7.5, 13.5, 19.5, 23.0],
+                ],
+            ),
+            make_profile("m1", [[7.5] * 4]),
+            make_profile("m2", [[1.0] * 4]),
+        ],
+        [App("m0", ("m0",)), App("m1", ("m1",)), App("c02", ("m0", "m2"))],
+        max_batch=6,
+        groups=1,
+    )
+    requests = [req("c1", "c02", 0, -2.0), req("c2", "c02", 0), req("c3", "c02", 0)]
+    requests += [req("a1", "m0", 0), req("a2", "m0", 3), req("a3", "m0", 0), req("a4", "m0", 3)]
+    state = state_of(d, requests + [req("b", "m1", 0)])
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("dp-time", {"exact": True}),
+        ("dp-tardy", {"exact": True}),
+        ("dp-time", {}),
+    ]
+    for name, kw in variants:
+        check_plan(state, 0.0, make_policy(name, **kw).plan(state, 0.0), name)
+
+
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     positions=st.lists(st.tuples(st.sampled_from("AB"), st.integers(0, 4)), min_size=1, max_size=7),
