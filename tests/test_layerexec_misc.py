@@ -4,6 +4,7 @@ TensorRT backend (skipped without it), the profiler with a fake clock, the `prof
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -213,6 +214,44 @@ def test_profile_model_with_a_fake_clock_gives_exact_latencies_and_shapes() -> N
     assert doc["max_batch"] == 2 and doc["batch_sizes"] == [1, 2]
     parsed = parse_profile(doc, "residual.json")
     assert parsed.num_stages == n
+
+
+class Logged(nn.Module):
+    """A stage that notes its index in `log` when it runs."""
+
+    def __init__(self, inner: nn.Module, index: int, log: list[int]) -> None:
+        super().__init__()
+        self.inner, self.index, self.log = inner, index, log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.log.append(self.index)
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def test_profile_model_times_stages_in_passes_not_one_stage_repeated() -> None:
+    """A clock that charges 1 ms for a stage run right after itself (its weights still in
+    cache) and 3 ms otherwise: timed in passes through the model, as the executor runs it,
+    every stage measures 3 ms."""
+    base = staged_from("residual", Residual, (3, 8, 8))
+    log: list[int] = []
+    stages = tuple(Logged(stage, k, log) for k, stage in enumerate(base.stages))
+    model = dataclasses.replace(base, stages=stages)
+    assert len(stages) >= 2
+
+    class CacheClock:
+        def __init__(self) -> None:
+            self.now, self.start = 0.0, True
+
+        def __call__(self) -> float:
+            if not self.start:  # the end of a timed call: the stage that just ran is log[-1]
+                self.now += 0.001 if len(log) >= 2 and log[-2] == log[-1] else 0.003
+            self.start = not self.start
+            return self.now
+
+    doc = profile_model(model, [1, 2], CacheClock(), channels_last=False, runs=3, warmup=1)
+    for stage in doc["stages"]:
+        assert stage["latency_ms"] == pytest.approx([3.0, 3.0])
 
 
 def test_stacking_slowdown_is_together_over_alone() -> None:
