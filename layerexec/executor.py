@@ -40,6 +40,11 @@ class Progress:
     action: Action
     stages_done: int
     finished: dict[str, Any] = field(default_factory=dict)
+    batch: int | None = None  # requests in the batch that ran (None: all the action names)
+
+    @property
+    def batch_size(self) -> int:
+        return self.action.batch_size if self.batch is None else self.batch
 
     @property
     def cancelled(self) -> bool:
@@ -80,14 +85,28 @@ class Executor:
     def drop(self, request_ids: Sequence[str]) -> int:
         return self.store.drop(request_ids)
 
-    def run(self, action: Action, cancel: Callable[[], bool] | None = None) -> Progress:
+    def run(
+        self,
+        action: Action,
+        cancel: Callable[[], bool] | None = None,
+        skip_dropped: bool = False,
+    ) -> Progress:
         """Run the action (see the module docstring). Raises NotAtStage before running anything
-        if a request does not stand at the first stage."""
+        if a request does not stand at the first stage, KeyError if one is not in the store.
+
+        With `skip_dropped`, requests no longer in the store (dropped after the action was
+        planned: their client went away) are left out of the batch instead (`Progress.batch`
+        says how many ran); with none left nothing runs and the stages count as done."""
         d = self.deployment
         model, (k0, k1) = action.model, action.stages
         staged = self.models[model]
-        slots = self.store.take(action.request_ids)
-        for rid, slot in zip(action.request_ids, slots, strict=True):
+        if skip_dropped:
+            ids, slots = self.store.take_present(action.request_ids)
+            if not ids:
+                return Progress(action, k1 - k0, batch=0)
+        else:
+            ids, slots = tuple(action.request_ids), self.store.take(action.request_ids)
+        for rid, slot in zip(ids, slots, strict=True):
             at = d.locate(slot.app, slot.position)
             if at != (model, k0):
                 raise NotAtStage(
@@ -102,18 +121,16 @@ class Executor:
                 x = staged.stages[k](x)
                 done += 1
         if done == 0:
-            return Progress(action, 0)
+            return Progress(action, 0, batch=len(ids))
         finished: dict[str, Any] = {}
-        for rid, slot, value in zip(
-            action.request_ids, slots, _scatter(x, len(slots)), strict=True
-        ):
+        for rid, slot, value in zip(ids, slots, _scatter(x, len(slots)), strict=True):
             position = slot.position + done
             if position >= d.app_length(slot.app):
                 if self.store.drop([rid]):
                     finished[rid] = value
             else:
                 self.store.update(rid, position, value)
-        return Progress(action, done, finished)
+        return Progress(action, done, finished, len(ids))
 
     def run_stacked(
         self,
@@ -135,14 +152,19 @@ class Executor:
         first = self.run_on_stream(a, cancel_a)
         return first, other.result()
 
-    def run_on_stream(self, action: Action, cancel: Callable[[], bool] | None = None) -> Progress:
+    def run_on_stream(
+        self,
+        action: Action,
+        cancel: Callable[[], bool] | None = None,
+        skip_dropped: bool = False,
+    ) -> Progress:
         """`run` on a CUDA stream of its own (plain `run` on a CPU): callable from a second
         thread while another action runs (stacking); the two must not share requests."""
         if self.device.type != "cuda":
-            return self.run(action, cancel)
+            return self.run(action, cancel, skip_dropped)
         stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream):
-            progress = self.run(action, cancel)
+            progress = self.run(action, cancel, skip_dropped)
         stream.synchronize()
         return progress
 

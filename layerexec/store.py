@@ -58,6 +58,12 @@ class ActivationStore:
                 raise KeyError(f"requests not in the store: {', '.join(missing)}")
             return [self._slots[r] for r in request_ids]
 
+    def take_present(self, request_ids: Iterable[str]) -> tuple[tuple[str, ...], list[Slot]]:
+        """Those of `request_ids` still in the store, in order, and their slots (left in place)."""
+        with self._lock:
+            present = tuple(r for r in request_ids if r in self._slots)
+            return present, [self._slots[r] for r in present]
+
     def update(self, request_id: str, position: int, value: Any) -> bool:
         """Move a request on; False if it was dropped meanwhile (then nothing is stored)."""
         with self._lock:

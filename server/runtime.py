@@ -389,8 +389,8 @@ class Runtime:
         done = progress.stages_done
         if progress.cancelled:
             self.metrics.preempted += 1
-        elif done:  # the stages' own time against the base profile (decodes apart)
-            k0, b = action.stages[0], action.batch_size
+        elif done and progress.batch_size:  # the stages' time against the base profile (no decodes)
+            k0, b = action.stages[0], progress.batch_size
             base = self.base_profiles[action.model]
             profiled = sum(base.latency_ms(k, b) for k in range(k0, k0 + done))
             self.metrics.step_ratio.observe(
@@ -407,7 +407,7 @@ class Runtime:
         are per request, not per stage: counting them would inflate the calibration) or the
         hand-back to the loop."""
         started = self.clock()
-        progress = self.executor.run(action, cancel)
+        progress = self.executor.run(action, cancel, skip_dropped=True)
         return started, self.clock(), progress
 
     def _start_beside(self) -> None:
@@ -429,7 +429,7 @@ class Runtime:
         started = self.clock()
         try:
             progress = await loop.run_in_executor(
-                self._side_pool, self.executor.run_on_stream, action, None
+                self._side_pool, self.executor.run_on_stream, action, None, True
             )
         except Exception as exc:  # fail this action's requests, keep serving the rest
             self.engine.finish_beside(0)
@@ -449,15 +449,14 @@ class Runtime:
     def _account(self, progress: Progress, took_ms: float, finished: list[Request]) -> None:
         """Metrics and per-request times of an executed action; answer the requests it
         finished (`finished`: what the engine says finished their app)."""
-        action, done = progress.action, progress.stages_done
-        self.metrics.ran(
-            action.model, range(action.stages[0], action.stages[0] + done), action.batch_size
-        )
+        action, done, batch = progress.action, progress.stages_done, progress.batch_size
+        if batch:
+            self.metrics.ran(action.model, range(action.stages[0], action.stages[0] + done), batch)
         for rid in action.request_ids:
             p = self.pending.get(rid)
             if p is not None and done:
                 p.exec_ms += took_ms
-                p.batch_sizes.append(action.batch_size)
+                p.batch_sizes.append(batch)
         for r in finished:
             if r.id in progress.finished:
                 self._answer(r.id, "ok", output=progress.finished[r.id])

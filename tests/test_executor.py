@@ -251,6 +251,31 @@ def test_an_unknown_request_id_raises_key_error_naming_it() -> None:
         assert_same(done.finished[rid], _alone(model, xs[i]))
 
 
+def test_skip_dropped_runs_the_batch_without_requests_dropped_since_the_plan() -> None:
+    """The server plans on its event loop and runs later on the executor thread: a request whose
+    client left in between is no longer in the store. With skip_dropped the others run without
+    it, and with none left nothing runs."""
+    model = staged("resnet20_cifar10")
+    name, n = model.name, len(model.stages)
+    ex = executor_for({name: model})
+    xs = batch(model.spec.input_shape, 3, seed=11)
+    a, b, c = _admit_all(ex, name, xs)
+    ex.drop([b])
+    with StageCalls(model) as calls:
+        done = ex.run(Action(name, (0, n), (a, b, c)), skip_dropped=True)
+        assert calls.batches[0] == [2]
+    assert done.batch == done.batch_size == 2 and done.stages_done == n and not done.cancelled
+    assert set(done.finished) == {a, c}
+    assert_same(done.finished[a], _alone(model, xs[0]))
+    assert_same(done.finished[c], _alone(model, xs[2]))
+    with StageCalls(model) as calls:
+        empty = ex.run(Action(name, (0, n), (a, b)), skip_dropped=True)
+        assert calls.total == 0
+    assert (empty.batch, empty.stages_done, empty.finished) == (0, n, {})
+    with pytest.raises(KeyError, match=b):  # without it, a missing request is an error
+        ex.run(Action(name, (0, n), (b,)))
+
+
 # --- memory ------------------------------------------------------------------------------------
 def test_the_store_frees_a_request_when_it_finishes_or_is_dropped() -> None:
     model = staged("resnet20_cifar10")

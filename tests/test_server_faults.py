@@ -461,9 +461,9 @@ async def test_exception_in_one_action_fails_only_its_requests(aiohttp_client: A
     running: list[Any] = []
     real_run = runtime.executor.run
 
-    def run(action: Any, cancel: Any = None) -> Any:
+    def run(action: Any, cancel: Any = None, **kw: Any) -> Any:
         running[:] = [action]
-        return real_run(action, cancel)
+        return real_run(action, cancel, **kw)
 
     def fault(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if any(rid.startswith("poison") for rid in running[0].request_ids):
@@ -613,6 +613,51 @@ async def test_ray_serve_50046_cancelling_one_request_never_stalls_its_batch(
         assert answer["batch_sizes"][0] == n  # it was in the batch with c0
         assert answer["batch_sizes"][1:] == [n - 1] * 4  # and went on without it
     assert counters(runtime)[f"{CIFAR}/cancelled"] == 1
+    assert_nothing_left(runtime)
+
+
+async def test_a_client_leaving_before_its_planned_batch_starts_costs_the_others_nothing(
+    aiohttp_client: Any,
+) -> None:
+    """A batch is planned on the event loop and starts on the executor thread a little later
+    (after the work queued there). A client that goes away in between takes its request out of
+    the store; the batch runs without it and its other requests are answered ok (they once
+    failed with a KeyError from the store, answered "error"). Here the client leaves exactly
+    then: the executor thread cancels it before running the batch."""
+    runtime = build([CIFAR, FACES], policy="batch")
+    client = await serve(aiohttp_client, runtime)
+    loop = asyncio.get_running_loop()
+    tasks: dict[str, asyncio.Task[tuple[int, Any]]] = {}
+    real_run = runtime.executor.run
+
+    def run(action: Any, cancel: Any = None, **kw: Any) -> Any:
+        if "leaves" in action.request_ids and "stays" in action.request_ids:
+            loop.call_soon_threadsafe(tasks["leaves"].cancel)
+            deadline = time.monotonic() + GATE_LIMIT_S
+            while "leaves" in runtime.executor.store and time.monotonic() < deadline:
+                time.sleep(0.001)
+        return real_run(action, cancel, **kw)
+
+    runtime.executor.run = run  # type: ignore[method-assign]
+    with StageGate(runtime, FACES, 0) as face_gate:
+        face_gate.close()  # the executor is busy with another app while both arrive
+        blocker = asyncio.create_task(
+            infer(client, infer_doc(jpeg(synthetic_rgb(240, 320)), app=FACES))
+        )
+        await face_gate.held()
+        for i, rid in enumerate(("leaves", "stays")):
+            tasks[rid] = asyncio.create_task(
+                infer(client, infer_doc(small_jpeg(i), request_id=rid))
+            )
+        await wait_for(lambda: len(runtime.pending) == 3, "both queued")
+        face_gate.open()
+        status, answer = await asyncio.wait_for(tasks["stays"], GATE_LIMIT_S)
+        await blocker
+    with pytest.raises(asyncio.CancelledError):
+        await tasks["leaves"]
+    assert status == 200 and answer["status"] == "ok", answer
+    assert answer["batch_sizes"][0] == 1  # it ran without the request that left
+    assert counters(runtime) == {f"{CIFAR}/cancelled": 1, f"{CIFAR}/ok": 1, f"{FACES}/ok": 1}
     assert_nothing_left(runtime)
 
 
