@@ -4,8 +4,9 @@ For each batch size b the whole model runs `runs` times on a seeded random batch
 untimed passes), every stage timed on the previous stage's real output, and each stage's median
 is recorded (these machines are noisy; the median resists outliers). Stages are timed in passes,
 as the executor runs them, not one stage repeated: a repeated stage finds its weights and input
-in cache, which made small batches of mobilenet_v2 look 1.5x faster than a pass through it. Also recorded per stage: output
-shape and bytes per sample, and the activation peak per sample (`memory.peak_activation_bytes`).
+in cache, which made small batches of mobilenet_v2 look 1.5x faster than a pass through it.
+Also recorded per stage: output shape and bytes per sample, and the activation peak per sample
+(`memory.peak_activation_bytes`).
 The clock is passed in (`timer`, seconds), so this module reads none itself.
 """
 
@@ -62,7 +63,7 @@ def profile_model(
                 torch.rand(b, *model.spec.input_shape, generator=gen), dev, channels_last
             )
             for _ in range(warmup):
-                _forward(model, x)
+                model.run(x)
             times: list[list[float]] = [[] for _ in model.stages]
             for _ in range(runs):
                 y = x
@@ -72,13 +73,11 @@ def profile_model(
                     y = stage(y)
                     _sync(dev)
                     times[k].append((timer() - t0) * 1000.0)
-            y = x
-            for k, stage in enumerate(model.stages):
+                    if isinstance(y, torch.Tensor):
+                        out_shape[k] = list(y.shape[1:])
+                    out_bytes[k] = nbytes(y) // b
+            for k in range(len(model.stages)):
                 latency[k][j] = round(statistics.median(times[k]), 4)
-                y = stage(y)
-                if isinstance(y, torch.Tensor):
-                    out_shape[k] = list(y.shape[1:])
-                out_bytes[k] = nbytes(y) // b
                 if progress:
                     progress(1)
     peaks = stage_peaks(model, dev, channels_last, seed)
@@ -104,12 +103,6 @@ def profile_model(
         "weights": model.spec.weights,
         "batch_norm": "folded" if model.batch_norm_folded else "as defined",
     }
-
-
-def _forward(model: StagedModel, x: Any) -> Any:
-    for stage in model.stages:
-        x = stage(x)
-    return x
 
 
 def stage_peaks(
