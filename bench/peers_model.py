@@ -4,9 +4,9 @@ A JPEG is decoded and resized exactly as layerbatch's server does it (server/inp
 `cv2.imdecode`, BGR -> RGB, then `layerexec.images.rgb_tensor`: resize INTER_LINEAR to the model's
 input, normalise per channel), the model is the one `layerexec.zoo.load_model` builds (the
 torchvision definition under the same seed, so the same weights; its batch norms folded into the
-convolutions, as layerbatch's loader does, only with PEERS_FOLD_BN=1), in channels-last memory format
-as layerbatch's executor runs it, under `torch.inference_mode()` with 2 intra-op threads; the
-answer is the top-5 classes with their softmax scores, as layerbatch answers a classifier.
+convolutions, as layerbatch's loader does, only with PEERS_FOLD_BN=1), in channels-last memory
+format as layerbatch's executor runs it, under `torch.inference_mode()` with 2 intra-op threads;
+the answer is the top-5 classes with their softmax scores, as layerbatch answers a classifier.
 
 Runs in the peers' venv (.venv-peers) with the repository root on sys.path; imports no peer.
 
