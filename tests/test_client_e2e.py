@@ -299,6 +299,10 @@ def least_transmit_ms(trace: LinkTrace, nbytes: int, earliest_ms: float, latest_
 
 
 MAHIMAHI_EVERY_10_MS = "".join(f"{t}\n" for t in range(10, 1001, 10))  # 1.2 Mbit/s
+# 0.4 Mbit/s. A one-packet JPEG waits for the next opportunity, and frames every 100 ms keep
+# one phase against a 10 ms cycle (it can be just before each opportunity: a "fast" link). A
+# 30 ms cycle moves the phase by 10 ms a frame, so of any two frames one waits >= ~10 ms.
+MAHIMAHI_EVERY_30_MS = "".join(f"{t}\n" for t in range(30, 1001, 30))
 
 
 @pytest.mark.asyncio
@@ -481,8 +485,8 @@ def test_cli_client_json_out_and_plot(
     server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Five JPEGs through a hand-made uplink trace (drawn under the latency plot)."""
-    out, png, up = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "every10ms.up"
-    up.write_text(MAHIMAHI_EVERY_10_MS)
+    out, png, up = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "every30ms.up"
+    up.write_text(MAHIMAHI_EVERY_30_MS)
     argv = client_argv(
         server.url,
         "--uplink",
@@ -514,7 +518,7 @@ def test_cli_client_json_out_and_plot(
         assert (rec["decision"], rec["split"], rec["status"]) == ("full", 0, "ok")
         assert rec["server_ms"] > 0 and rec["bytes_sent"] > 0 and rec["on_time"] is True
         assert rec["transmit_ms"] > 0
-    # the uplink estimate learnt the 1.2 Mbit/s trace, from the 10 Mbit/s prior
+    # the uplink estimate learnt the 0.4 Mbit/s trace, from the 10 Mbit/s prior
     assert doc["records"][-1]["uplink_estimate_mbps"] < PRIOR_MBPS
     assert s["bytes_per_frame"] == pytest.approx(
         sum(r["bytes_sent"] for r in doc["records"]) / 5, abs=0.1
