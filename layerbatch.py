@@ -820,6 +820,7 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from layerexec import zoo
+    from layerexec.allocator import keep_freed_memory
     from layerexec.memory import batch_bound
     from layerexec.profiler import max_abs_difference, profile_model, stacking_slowdown
     from scheduler.profile import dumps_profile, parse_profile
@@ -836,6 +837,7 @@ def cmd_profile(ns: argparse.Namespace) -> int:
             "--device", "", "cpu, or cuda on a machine with a GPU (none found)", "cuda"
         )
     torch.set_num_threads(ns.threads)
+    keep_freed_memory()  # measured as the server runs (layerexec.allocator)
     model = zoo.load_model(ns.model)
     if ns.memory_mb is not None:  # refuse a budget that cannot hold one sample before measuring
         from layerexec.profiler import stage_peaks

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.optimization import fuse  # noqa: E402
 
+from layerexec.allocator import keep_freed_memory  # noqa: E402
 from layerexec.images import rgb_tensor  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
 
@@ -54,6 +55,7 @@ class Model:
         fold_batch_norm: bool = FOLD_BN,
     ) -> None:
         torch.set_num_threads(threads)
+        keep_freed_memory()  # as layerbatch's server does: a process setting any server can use
         self.name = name
         self.spec = spec(name)
         with torch.random.fork_rng(devices=[]):

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from layerexec import zoo
+from layerexec.allocator import keep_freed_memory
 from layerexec.memory import batch_bound
 from layerexec.profiler import profile_model
 from scheduler.deployment import DEFAULT_GROUPS, Deployment
@@ -67,7 +68,9 @@ def build_runtime(
     decode_threads: int | None = None,
 ) -> Runtime:
     """A runtime serving each named model as an app of its own name (batch norms folded into
-    the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`)."""
+    the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
+    activation memory stays in the process from here on (`layerexec.allocator`)."""
+    keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
     unknown = [a for a in apps if a not in zoo.MODELS]
