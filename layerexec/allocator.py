@@ -7,8 +7,9 @@ footprint in again at every stage: on this project's 2-core machine (2 torch thr
 8 through mobilenet_v2 took 55.6 ms and one of 16 took 151 ms, against 44.2 and 91.5 ms with
 freed memory kept (resnet18 and googlenet at 16: 10-12% faster; batch 1 about the same). This
 is what the usual advice of serving PyTorch on CPUs with jemalloc or tcmalloc buys.
-`keep_freed_memory` raises both thresholds for the calling process; memory once used for
-activations stays with it (the server's high-water mark) rather than being returned.
+`keep_freed_memory` raises both thresholds for the calling process and puts every thread on
+the one heap; memory once used for activations stays with it (the server's high-water mark)
+rather than being returned.
 """
 
 from __future__ import annotations
