@@ -894,6 +894,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from aiohttp import web
     from tqdm import tqdm
 
+    from layerexec.torch_thread import yield_to_torch
     from server.app import ServerConfig, make_app
     from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime
 
@@ -907,6 +908,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
         ns.threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
     )  # fmt: skip
+    yield_to_torch()  # this thread runs the event loop; the models run on the runtime's thread
     config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)
     print(
         f"layerbatch serving {', '.join(apps)} with {ns.policy} on http://{ns.host}:{ns.port}",

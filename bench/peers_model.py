@@ -34,6 +34,7 @@ from torch.fx.experimental.optimization import fuse  # noqa: E402
 
 from layerexec.allocator import keep_freed_memory  # noqa: E402
 from layerexec.images import rgb_tensor  # noqa: E402
+from layerexec.torch_thread import TorchThread  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
 
 THREADS = int(os.environ.get("PEERS_TORCH_THREADS", "2"))
@@ -43,7 +44,10 @@ FOLD_BN = os.environ.get("PEERS_FOLD_BN", "0") == "1"
 
 
 class Model:
-    """One model, ready to serve batches of JPEGs."""
+    """One model, ready to serve batches of JPEGs. It is loaded, warmed up and run on a thread
+    of its own (`thread`), whichever thread calls `infer`, `classify` or `forward`: as
+    layerbatch's server does, since torch work on a second thread slows every forward
+    (layerexec/torch_thread.py). Decoding runs on the caller's thread (no torch op in it)."""
 
     def __init__(
         self,
@@ -58,18 +62,23 @@ class Model:
         keep_freed_memory()  # as layerbatch's server does: a process setting any server can use
         self.name = name
         self.spec = spec(name)
+        self.channels_last = channels_last
+        self.thread = TorchThread("peers-torch")
+        self.module = self.thread.call(self._load, seed, fold_batch_norm, warm_batches)
+
+    def _load(self, seed: int, fold_batch_norm: bool, warm_batches: tuple[int, ...]) -> Any:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.module = self.spec.build().eval()
+            module = self.spec.build().eval()
         if fold_batch_norm:
-            self.module = fuse(self.module)
-        self.channels_last = channels_last
-        if channels_last:
-            self.module.to(memory_format=torch.channels_last)
+            module = fuse(module)
+        if self.channels_last:
+            module.to(memory_format=torch.channels_last)
         with torch.inference_mode():
             for b in sorted(set(warm_batches)):
                 for _ in range(2):
-                    self.module(self._layout(torch.zeros(b, *self.spec.input_shape)))
+                    module(self._layout(torch.zeros(b, *self.spec.input_shape)))
+        return module
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
@@ -83,18 +92,42 @@ class Model:
 
     def forward(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Top-5 (classes, scores) per row of a batch (N, C, H, W)."""
+        return self.thread.call(self._forward, x)
+
+    def _forward(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
             logits = self.module(self._layout(x))
             scores, classes = torch.softmax(logits, dim=1).topk(5, dim=1)
         return classes.numpy(), scores.numpy()
 
+    def classify(self, jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """Decode, batch and run `jpegs` on the model's thread: top-5 (classes, scores) each."""
+        return self.thread.call(self._classify, jpegs)
+
+    def _classify(self, jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        return self._forward(torch.stack([self.decode(j) for j in jpegs]))
+
     def infer(self, jpegs: list[bytes]) -> list[dict[str, Any]]:
-        x = torch.stack([self.decode(j) for j in jpegs])
-        classes, scores = self.forward(x)
+        classes, scores = self.classify(jpegs)
         return [
             {"classes": c.tolist(), "scores": [round(float(v), 5) for v in s]}
             for c, s in zip(classes, scores, strict=True)
         ]
+
+
+def _time_frames(m: Model, frames: list[bytes], repeats: int) -> tuple[list[float], list[float]]:
+    """ms of each decode and batch-1 forward (on the model's thread: `Model._forward`)."""
+    dec, fwd = [], []
+    for _ in range(repeats):
+        for j in frames:
+            t0 = time.perf_counter()
+            x = m.decode(j).unsqueeze(0)
+            t1 = time.perf_counter()
+            m._forward(x)
+            t2 = time.perf_counter()
+            dec.append((t1 - t0) * 1000.0)
+            fwd.append((t2 - t1) * 1000.0)
+    return dec, fwd
 
 
 def compute_bound(
@@ -105,16 +138,8 @@ def compute_bound(
     out: dict[str, Any] = {"model": name, "threads": threads, "frames": len(frames)}
     for layout, cl in (("contiguous", False), ("channels_last", True)):
         m = Model(name, threads=threads, channels_last=cl)
-        dec, fwd = [], []
-        for _ in range(repeats):
-            for j in frames:
-                t0 = time.perf_counter()
-                x = m.decode(j).unsqueeze(0)
-                t1 = time.perf_counter()
-                m.forward(x)
-                t2 = time.perf_counter()
-                dec.append((t1 - t0) * 1000.0)
-                fwd.append((t2 - t1) * 1000.0)
+        dec, fwd = m.thread.call(_time_frames, m, frames, repeats)
+        m.thread.close()  # its OpenMP team goes with it: the next model's is the only one
         out[layout] = {
             "decode_ms": round(statistics.median(dec), 3),
             "forward_ms": round(statistics.median(fwd), 3),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 from peers_args import launcher_parser  # bench/ is this script's folder
 from peers_model import Model  # bench/ is this script's folder
 from pytriton.decorators import batch
@@ -35,8 +34,7 @@ def main() -> None:
 
     @batch
     def infer(jpeg: np.ndarray) -> dict[str, np.ndarray]:
-        x = torch.stack([model.decode(bytes(row[0])) for row in jpeg])
-        classes, scores = model.forward(x)
+        classes, scores = model.classify([bytes(row[0]) for row in jpeg])
         return {"classes": classes.astype(np.int64), "scores": scores.astype(np.float32)}
 
     policy = (

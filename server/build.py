@@ -14,6 +14,7 @@ from layerexec import zoo
 from layerexec.allocator import keep_freed_memory
 from layerexec.memory import batch_bound
 from layerexec.profiler import profile_model
+from layerexec.torch_thread import TorchThread
 from scheduler.deployment import DEFAULT_GROUPS, Deployment
 from scheduler.errors import InputError
 from scheduler.profile import Profile, dumps_profile, load_profile
@@ -69,7 +70,9 @@ def build_runtime(
 ) -> Runtime:
     """A runtime serving each named model as an app of its own name (batch norms folded into
     the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
-    activation memory stays in the process from here on (`layerexec.allocator`)."""
+    activation memory stays in the process from here on (`layerexec.allocator`). The models are
+    loaded, profiled if need be and warmed up on the runtime's executor thread, and the calling
+    thread runs no torch op (`layerexec.torch_thread`)."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -78,6 +81,30 @@ def build_runtime(
         raise InputError(
             "--apps", "", f"a comma list of {', '.join(sorted(zoo.MODELS))}", ",".join(unknown)
         )
+    thread = TorchThread()
+    try:
+        return thread.call(
+            _build, thread, apps, policy, profiles_dir, memory_mb, groups, max_queued, progress,
+            fold_batch_norm, decode_threads,
+        )  # fmt: skip
+    except BaseException:
+        thread.close()
+        raise
+
+
+def _build(
+    thread: TorchThread,
+    apps: Sequence[str],
+    policy: str,
+    profiles_dir: Path,
+    memory_mb: float | None,
+    groups: int,
+    max_queued: int,
+    progress: Callable[[str, int], Callable[[int], None]] | None,
+    fold_batch_norm: bool,
+    decode_threads: int | None,
+) -> Runtime:
+    """`build_runtime`'s torch work, on `thread`."""
     models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
     profiles = []
     for name, model in models.items():
@@ -96,7 +123,7 @@ def build_runtime(
     memory = None if memory_mb is None else memory_mb * 2**20
     runtime = Runtime(
         deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
-        decode_threads=decode_threads,
+        decode_threads=decode_threads, torch_thread=thread,
     )  # fmt: skip
     warm_up(runtime)
     return runtime

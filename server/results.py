@@ -1,10 +1,12 @@
 """What an answer says about a model's output: top-5 classes for a classifier, boxes with scores
-for a detector, a class histogram for a segmentation map."""
+for a detector, a class histogram for a segmentation map. Runs on the server's event loop, so on
+small tensors only, or numpy."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torchvision.ops import nms
 
@@ -41,8 +43,10 @@ def _top(spec: ModelSpec, logits: torch.Tensor) -> list[dict[str, Any]]:
 
 
 def _histogram(spec: ModelSpec, out: torch.Tensor) -> dict[str, int]:
-    classes = out.argmax(0).flatten()
-    counts = torch.bincount(classes, minlength=out.shape[0])
+    # numpy, not torch: a map this large would start torch's parallel threads on the event
+    # loop's thread (layerexec.torch_thread)
+    classes = np.argmax(out.numpy(), axis=0).ravel()
+    counts = np.bincount(classes, minlength=out.shape[0])
     return {_label(spec, i): int(c) for i, c in enumerate(counts.tolist()) if c}
 
 

@@ -1,13 +1,14 @@
 """The server's runtime: requests in, the scheduler's plan executed, answers out (paper 003, 5.1).
 
 One asyncio loop owns the engine (scheduler state and plans) and every request's future; one
-executor thread runs actions (torch releases the GIL). Inputs are decoded by a small pool when
-torch's intra-op threads leave cores free; when they take every core, inputs are decoded on the
-executor thread between steps instead: a decode beside a forward stalls each of torch's parallel
-ops until the core it took comes back (measured here: with one of 2 cores busy, a 2-thread
-resnet18 forward took 25x as long), while in turn a decode costs just its own time. The runner
-repeats the runtime step: read the clock once, run the next piece of the newest plan up to the
-next layer-group boundary on the executor thread, and re-plan while it runs (paper 003 section
+executor thread runs actions (torch releases the GIL), the thread the models were loaded on
+(`layerexec.torch_thread`: torch work on a second thread slows every forward). Inputs are decoded
+by a small pool when torch's intra-op threads leave cores free; when they take every core, inputs
+are decoded on the executor thread between steps instead: a decode beside a forward stalls each of
+torch's parallel ops until the core it took comes back (measured here: with one of 2 cores busy, a
+2-thread resnet18 forward took 25x as long), while in turn a decode costs just its own time. The
+runner repeats the runtime step: read the clock once, run the next piece of the newest plan up to
+the next layer-group boundary on the executor thread, and re-plan while it runs (paper 003 section
 4.1: planning concurrent with execution); hand back how far it got. An arrival also re-plans at
 once on the loop; if a new plan no longer starts with the running step, the step is cancelled at
 its next stage boundary (exit check). When the plan has no valid next piece, plan first.
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from layerexec.executor import Executor, Progress, ShapeError
+from layerexec.torch_thread import TorchThread
 from layerexec.zoo import ModelSpec, StagedModel
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
@@ -106,7 +108,10 @@ class Runtime:
         estimate_ttl_ms: float = 250.0,
         calibrate: bool = True,
         decode_threads: int | None = None,
+        torch_thread: TorchThread | None = None,
     ) -> None:
+        """`torch_thread`: the thread the models were loaded on, to run the steps on (and this
+        constructor on, as it moves the weights: `layerexec.torch_thread`); a new one if None."""
         self.deployment = deployment
         self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
@@ -134,8 +139,11 @@ class Runtime:
         self._idle: asyncio.Event | None = None
         self._cancel: threading.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._exec_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-exec")
+        self.torch_thread = torch_thread or TorchThread()
+        self._exec_pool = self.torch_thread.pool
         self._side_pool = ThreadPoolExecutor(1, thread_name_prefix="layerbatch-stack")
+        # its thread starts now, not later from the loop's thread, which may yield (torch_thread)
+        self._side_pool.submit(int).result()
         self._side_task: asyncio.Task[None] | None = None
         if decode_threads is None:
             decode_threads = spare_cores(torch.get_num_threads())
