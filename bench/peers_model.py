@@ -1,12 +1,13 @@
 """The work every server in bench/peers.py does for one request, shared by the peers' handlers.
 
-A JPEG is decoded and resized exactly as layerbatch's server does it (server/inputs.py:
-`cv2.imdecode`, BGR -> RGB, then `layerexec.images.rgb_tensor`: resize INTER_LINEAR to the model's
-input, normalise per channel), the model is the one `layerexec.zoo.load_model` builds (the
-torchvision definition under the same seed, so the same weights; its batch norms folded into the
-convolutions, as layerbatch's loader does, only with PEERS_FOLD_BN=1), in channels-last memory
-format as layerbatch's executor runs it, under `torch.inference_mode()` with 2 intra-op threads;
-the answer is the top-5 classes with their softmax scores, as layerbatch answers a classifier.
+A JPEG is decoded and resized by layerbatch's own server code (server/inputs.py `image_tensor`:
+`cv2.imdecode`, resize INTER_LINEAR to the model's input, BGR -> RGB, normalise per channel), the
+model is the one `layerexec.zoo.load_model` builds (the torchvision definition under the same
+seed, so the same weights; its batch norms folded into the convolutions, as layerbatch's loader
+does, only with PEERS_FOLD_BN=1), in channels-last memory format as layerbatch's executor runs it,
+under `torch.inference_mode()` with 2 intra-op threads, loaded and run on one thread of its own as
+layerbatch's are; the answer is the top-5 classes with their softmax scores, as layerbatch answers
+a classifier.
 
 Runs in the peers' venv (.venv-peers) with the repository root on sys.path; imports no peer.
 
@@ -20,23 +21,25 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.optimization import fuse  # noqa: E402
 
 from layerexec.allocator import keep_freed_memory  # noqa: E402
-from layerexec.images import rgb_tensor  # noqa: E402
 from layerexec.torch_thread import TorchThread  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
+from server.inputs import image_tensor  # noqa: E402
 
+P = ParamSpec("P")
+T = TypeVar("T")
 THREADS = int(os.environ.get("PEERS_TORCH_THREADS", "2"))
 # bench/peers.py --fold-peers: the peers serve the model with batch norms folded into the
 # convolutions, as layerbatch's loader serves it by default
@@ -44,10 +47,12 @@ FOLD_BN = os.environ.get("PEERS_FOLD_BN", "0") == "1"
 
 
 class Model:
-    """One model, ready to serve batches of JPEGs. It is loaded, warmed up and run on a thread
-    of its own (`thread`), whichever thread calls `infer`, `classify` or `forward`: as
-    layerbatch's server does, since torch work on a second thread slows every forward
-    (layerexec/torch_thread.py). Decoding runs on the caller's thread (no torch op in it)."""
+    """One model, ready to serve batches of JPEGs. With `own_thread` it is loaded, warmed up and
+    run on a thread of its own (`thread`), whichever thread calls `infer`, `classify` or
+    `forward`, as layerbatch's server does: torch work on a second thread slows every forward
+    (layerexec/torch_thread.py). A server that calls its handler on the thread that loaded the
+    model (TorchServe's worker) needs none; one that calls it from another (PyTriton, Ray Serve's
+    `asyncio.to_thread`) does."""
 
     def __init__(
         self,
@@ -57,14 +62,18 @@ class Model:
         channels_last: bool = True,
         warm_batches: tuple[int, ...] = (1,),
         fold_batch_norm: bool = FOLD_BN,
+        own_thread: bool = False,
     ) -> None:
         torch.set_num_threads(threads)
         keep_freed_memory()  # as layerbatch's server does: a process setting any server can use
         self.name = name
         self.spec = spec(name)
         self.channels_last = channels_last
-        self.thread = TorchThread("peers-torch")
-        self.module = self.thread.call(self._load, seed, fold_batch_norm, warm_batches)
+        self.thread = TorchThread("peers-torch") if own_thread else None
+        self.module = self._call(self._load, seed, fold_batch_norm, warm_batches)
+
+    def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return fn(*args, **kwargs) if self.thread is None else self.thread.call(fn, *args, **kwargs)
 
     def _load(self, seed: int, fold_batch_norm: bool, warm_batches: tuple[int, ...]) -> Any:
         with torch.random.fork_rng(devices=[]):
@@ -84,15 +93,12 @@ class Model:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
     def decode(self, jpeg: bytes) -> torch.Tensor:
-        """(C, H, W) float32, exactly as layerbatch's server/inputs.py `image_tensor`."""
-        img = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
-        if img is None:
-            raise ValueError("expected a JPEG, could not decode it")
-        return rgb_tensor(cv2.cvtColor(img, cv2.COLOR_BGR2RGB), self.spec)
+        """(C, H, W) float32: layerbatch's own server/inputs.py `image_tensor`."""
+        return image_tensor(jpeg, self.spec)
 
     def forward(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """Top-5 (classes, scores) per row of a batch (N, C, H, W)."""
-        return self.thread.call(self._forward, x)
+        return self._call(self._forward, x)
 
     def _forward(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
@@ -102,7 +108,7 @@ class Model:
 
     def classify(self, jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """Decode, batch and run `jpegs` on the model's thread: top-5 (classes, scores) each."""
-        return self.thread.call(self._classify, jpegs)
+        return self._call(self._classify, jpegs)
 
     def _classify(self, jpegs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         return self._forward(torch.stack([self.decode(j) for j in jpegs]))
@@ -116,14 +122,14 @@ class Model:
 
 
 def _time_frames(m: Model, frames: list[bytes], repeats: int) -> tuple[list[float], list[float]]:
-    """ms of each decode and batch-1 forward (on the model's thread: `Model._forward`)."""
+    """ms of each decode and batch-1 forward."""
     dec, fwd = [], []
     for _ in range(repeats):
         for j in frames:
             t0 = time.perf_counter()
             x = m.decode(j).unsqueeze(0)
             t1 = time.perf_counter()
-            m._forward(x)
+            m.forward(x)
             t2 = time.perf_counter()
             dec.append((t1 - t0) * 1000.0)
             fwd.append((t2 - t1) * 1000.0)
@@ -138,8 +144,7 @@ def compute_bound(
     out: dict[str, Any] = {"model": name, "threads": threads, "frames": len(frames)}
     for layout, cl in (("contiguous", False), ("channels_last", True)):
         m = Model(name, threads=threads, channels_last=cl)
-        dec, fwd = m.thread.call(_time_frames, m, frames, repeats)
-        m.thread.close()  # its OpenMP team goes with it: the next model's is the only one
+        dec, fwd = _time_frames(m, frames, repeats)
         out[layout] = {
             "decode_ms": round(statistics.median(dec), 3),
             "forward_ms": round(statistics.median(fwd), 3),

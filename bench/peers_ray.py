@@ -3,7 +3,8 @@
 One replica (Ray started with 2 CPUs, no dashboard); `@serve.batch(max_batch_size=--max-batch,
 batch_wait_timeout_s=--delay-ms / 1000)`; `max_ongoing_requests` is set well above the batch size
 (Ray's default, 5, would cap every batch at 5 and queue the rest in the proxy). The batch runs on
-a worker thread (`asyncio.to_thread`) so the replica's loop keeps taking requests meanwhile.
+a worker thread (`asyncio.to_thread`) so the replica's loop keeps taking requests meanwhile; the
+model runs on the thread it was loaded on (`peers_model.Model(own_thread=True)`).
 POST the JPEG as the body to `http://127.0.0.1:PORT/{model}`; the answer is JSON.
 
     .venv-peers/bin/python bench/peers_ray.py --model resnet18 --port 8000 --max-batch 8 --delay-ms 5
@@ -44,7 +45,7 @@ def main() -> None:
             sys.path.insert(0, str(HERE))
             from peers_model import Model
 
-            self.model = Model(name, warm_batches=(1, max_batch))
+            self.model = Model(name, warm_batches=(1, max_batch), own_thread=True)
             self.handle_batch.set_max_batch_size(max_batch)
             self.handle_batch.set_batch_wait_timeout_s(delay_s)
 

@@ -4,7 +4,9 @@ One model instance; the dynamic batcher forms batches of up to `--max-batch` req
 most `--delay-ms` for more; a request that has waited in the queue longer than `--deadline-ms` is
 rejected (Triton's queue policy, REJECT: it could no longer be on time, so dropping it is Triton's
 best use of the device). Input `jpeg` (BYTES [1]); outputs `classes` (INT64 [5]), `scores`
-(FP32 [5]). HTTP (KServe v2) on `--port`; gRPC and metrics on the two ports after it.
+(FP32 [5]). HTTP (KServe v2) on `--port`; gRPC and metrics on the two ports after it. PyTriton
+calls the handler on a thread of its own; the model runs on the thread it was loaded on
+(`peers_model.Model(own_thread=True)`).
 
 Needs LD_LIBRARY_PATH to include this Python's own library directory (bench/peers.py sets it).
 
@@ -30,7 +32,7 @@ def main() -> None:
     ap.add_argument("--deadline-ms", type=float, default=0.0, help="queue timeout; 0: none")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    model = Model(args.model, warm_batches=(1, args.max_batch))
+    model = Model(args.model, warm_batches=(1, args.max_batch), own_thread=True)
 
     @batch
     def infer(jpeg: np.ndarray) -> dict[str, np.ndarray]:

@@ -19,8 +19,10 @@ def resize_rgb(rgb: np.ndarray, spec: ModelSpec) -> np.ndarray:
 
 
 def rgb_tensor(rgb: np.ndarray, spec: ModelSpec) -> torch.Tensor:
-    """(C, H, W) float32 for `spec`'s first stage: (pixel - pixel_mean[c]) / pixel_std[c]."""
-    x = resize_rgb(rgb, spec).astype(np.float32)
-    x -= np.asarray(spec.pixel_mean, dtype=np.float32)
-    x /= np.asarray(spec.pixel_std, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+    """(C, H, W) float32 for `spec`'s first stage: (pixel - pixel_mean[c]) / pixel_std[c]. Its
+    memory is (H, W, C), channels-last, as the executor runs models: a batch gathers without a
+    transpose. Two passes over the resized image (subtract while converting, then scale)."""
+    x = resize_rgb(rgb, spec)
+    out = np.subtract(x, np.asarray(spec.pixel_mean, dtype=np.float32), dtype=np.float32)
+    out *= 1.0 / np.asarray(spec.pixel_std, dtype=np.float32)
+    return torch.from_numpy(out).permute(2, 0, 1)

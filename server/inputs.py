@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from layerexec.features import CODECS, FeatureError, decode_features
-from layerexec.images import rgb_tensor
+from layerexec.images import resize_rgb, rgb_tensor
 from layerexec.zoo import ModelSpec
 from server.errors import BadRequest
 
@@ -21,7 +21,8 @@ def image_tensor(jpeg: bytes, spec: ModelSpec) -> torch.Tensor:
     img = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
     if img is None:
         raise BadRequest(422, "payload.jpeg: expected an encoded image (JPEG), could not decode it")
-    return rgb_tensor(cv2.cvtColor(img, cv2.COLOR_BGR2RGB), spec)
+    # resized first: the colour swap then touches the model's input size, not the frame's
+    return rgb_tensor(cv2.cvtColor(resize_rgb(img, spec), cv2.COLOR_BGR2RGB), spec)
 
 
 def feature_tensor(features: Mapping[str, Any], expected: Sequence[int]) -> torch.Tensor:
