@@ -52,8 +52,8 @@ class TorchThread:
 
 def yield_to_torch(nice: int = LOOP_NICE) -> bool:
     """Lower the calling thread's scheduling priority to `nice` (Linux: per thread; threads it
-    starts later inherit it, so start the torch thread first). False where it is not supported;
-    it is never raised again in this process."""
+    starts later inherit it, so start the torch thread first; without privileges it cannot be
+    raised again). False where it is not supported."""
     if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
         return False
     try:

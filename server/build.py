@@ -82,51 +82,44 @@ def build_runtime(
             "--apps", "", f"a comma list of {', '.join(sorted(zoo.MODELS))}", ",".join(unknown)
         )
     thread = TorchThread()
-    try:
-        return thread.call(
-            _build, thread, apps, policy, profiles_dir, memory_mb, groups, max_queued, progress,
-            fold_batch_norm, decode_threads,
+
+    def build() -> Runtime:  # on `thread`
+        models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
+        profiles = [_profile(m, profiles_dir, progress, memory_mb) for m in models.values()]
+        deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=groups)
+        memory = None if memory_mb is None else memory_mb * 2**20
+        runtime = Runtime(
+            deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
+            decode_threads=decode_threads, torch_thread=thread,
         )  # fmt: skip
+        warm_up(runtime)
+        return runtime
+
+    try:
+        return thread.call(build)
     except BaseException:
         thread.close()
         raise
 
 
-def _build(
-    thread: TorchThread,
-    apps: Sequence[str],
-    policy: str,
-    profiles_dir: Path,
-    memory_mb: float | None,
-    groups: int,
-    max_queued: int,
+def _profile(
+    model: zoo.StagedModel,
+    directory: Path,
     progress: Callable[[str, int], Callable[[int], None]] | None,
-    fold_batch_norm: bool,
-    decode_threads: int | None,
-) -> Runtime:
-    """`build_runtime`'s torch work, on `thread`."""
-    models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
-    profiles = []
-    for name, model in models.items():
-        profile = ensure_profile(model, profiles_dir, progress)
-        if memory_mb is not None:
-            peaks = [s.peak_bytes for s in profile.stages]
-            bound = batch_bound(peaks, int(memory_mb * 2**20), profile.max_batch)
-            if bound < 1:
-                need = max(peaks) / 2**20
-                raise InputError(
-                    "--memory-mb", "", f"at least {need:.1f} MB (one sample of {name})", memory_mb
-                )
-            profile = dataclasses.replace(profile, max_batch=bound)
-        profiles.append(profile)
-    deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=groups)
-    memory = None if memory_mb is None else memory_mb * 2**20
-    runtime = Runtime(
-        deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
-        decode_threads=decode_threads, torch_thread=thread,
-    )  # fmt: skip
-    warm_up(runtime)
-    return runtime
+    memory_mb: float | None,
+) -> Profile:
+    """The model's profile (`ensure_profile`), its max batch bounded by `memory_mb` if given."""
+    profile = ensure_profile(model, directory, progress)
+    if memory_mb is None:
+        return profile
+    peaks = [s.peak_bytes for s in profile.stages]
+    bound = batch_bound(peaks, int(memory_mb * 2**20), profile.max_batch)
+    if bound < 1:
+        need = max(peaks) / 2**20
+        raise InputError(
+            "--memory-mb", "", f"at least {need:.1f} MB (one sample of {model.name})", memory_mb
+        )
+    return dataclasses.replace(profile, max_batch=bound)
 
 
 def warm_up(runtime: Runtime) -> None:
