@@ -7,8 +7,9 @@ region and sleeps on a futex instead (its throttled spin count), so every parall
 forward pays for waking its workers. Loading a model runs parallel ops (initialisation, layout
 changes, folding), so a server that loads on its main thread and runs forwards on a worker
 thread has two teams. Measured here (2 cores, 2 torch threads, mobilenet_v2 at batch 8 on a
-worker thread): 6.3 ms a sample when no other thread had run a parallel op, 13.0 ms (and about
-110 voluntary context switches a forward instead of none) once the main thread had run one.
+worker thread, `bench/torch_thread.py`): 5.4 ms a sample when no other thread had run a parallel
+op, 7.7 ms (and 127 voluntary context switches a forward instead of none) once the main thread
+had run one; 6.3 against 13.0 ms in an earlier pair.
 `tests/test_torch_thread.py` checks it in a fresh interpreter.
 
 So whatever touches the models runs on one `TorchThread`; the other threads of the process keep

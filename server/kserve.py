@@ -143,7 +143,7 @@ async def model_infer(request: web.Request) -> web.Response:
     last = rt.models[rt.deployment.apps[name].models[-1]].spec
     outputs = [a["raw_output"] for a in answers]
     if isinstance(outputs[0], torch.Tensor):  # numpy on the loop (layerexec.torch_thread)
-        y = np.stack([o.float().numpy() for o in outputs])
+        y = np.stack([o.float().cpu().numpy() for o in outputs])
         out = {
             "name": "OUTPUT",
             "datatype": "FP32",

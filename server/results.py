@@ -45,7 +45,7 @@ def _top(spec: ModelSpec, logits: torch.Tensor) -> list[dict[str, Any]]:
 def _histogram(spec: ModelSpec, out: torch.Tensor) -> dict[str, int]:
     # numpy, not torch: a map this large would start torch's parallel threads on the event
     # loop's thread (layerexec.torch_thread)
-    classes = np.argmax(out.numpy(), axis=0).ravel()
+    classes = np.argmax(out.cpu().numpy(), axis=0).ravel()
     counts = np.bincount(classes, minlength=out.shape[0])
     return {_label(spec, i): int(c) for i, c in enumerate(counts.tolist()) if c}
 
