@@ -5,8 +5,8 @@ A JPEG is decoded and resized by layerbatch's own server code (server/inputs.py 
 model is the one `layerexec.zoo.load_model` builds (the torchvision definition under the same
 seed, so the same weights; its batch norms folded into the convolutions, as layerbatch's loader
 does, only with PEERS_FOLD_BN=1), in channels-last memory format as layerbatch's executor runs it,
-under `torch.inference_mode()` with 2 intra-op threads, loaded and run on one thread of its own as
-layerbatch's are; the answer is the top-5 classes with their softmax scores, as layerbatch answers
+under `torch.inference_mode()` with 2 intra-op threads, loaded and run on one thread as
+layerbatch's are (`Model`); the answer is the top-5 classes with their softmax scores, as layerbatch answers
 a classifier.
 
 Runs in the peers' venv (.venv-peers) with the repository root on sys.path; imports no peer.
@@ -121,21 +121,6 @@ class Model:
         ]
 
 
-def _time_frames(m: Model, frames: list[bytes], repeats: int) -> tuple[list[float], list[float]]:
-    """ms of each decode and batch-1 forward."""
-    dec, fwd = [], []
-    for _ in range(repeats):
-        for j in frames:
-            t0 = time.perf_counter()
-            x = m.decode(j).unsqueeze(0)
-            t1 = time.perf_counter()
-            m.forward(x)
-            t2 = time.perf_counter()
-            dec.append((t1 - t0) * 1000.0)
-            fwd.append((t2 - t1) * 1000.0)
-    return dec, fwd
-
-
 def compute_bound(
     name: str, frames: list[bytes], repeats: int = 3, threads: int = THREADS
 ) -> dict[str, Any]:
@@ -144,7 +129,16 @@ def compute_bound(
     out: dict[str, Any] = {"model": name, "threads": threads, "frames": len(frames)}
     for layout, cl in (("contiguous", False), ("channels_last", True)):
         m = Model(name, threads=threads, channels_last=cl)
-        dec, fwd = _time_frames(m, frames, repeats)
+        dec, fwd = [], []
+        for _ in range(repeats):
+            for j in frames:
+                t0 = time.perf_counter()
+                x = m.decode(j).unsqueeze(0)
+                t1 = time.perf_counter()
+                m.forward(x)
+                t2 = time.perf_counter()
+                dec.append((t1 - t0) * 1000.0)
+                fwd.append((t2 - t1) * 1000.0)
         out[layout] = {
             "decode_ms": round(statistics.median(dec), 3),
             "forward_ms": round(statistics.median(fwd), 3),
