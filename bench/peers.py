@@ -980,22 +980,30 @@ def knobs_from_label(label: str) -> Knobs:
 
 
 async def interleaved(
-    st: Settings, frames: list[bytes], knobs: dict[str, Knobs], rates: list[float], rounds: int
+    st: Settings,
+    frames: list[bytes],
+    knobs: dict[str, Knobs],
+    rates: list[float],
+    rounds: int,
+    trace: np.ndarray,
 ) -> dict[str, Any]:
     """Every server up at once (idle while the others are measured); for each round and rate,
-    each server in turn gets the same Poisson arrivals: the machine's drift hits all alike. Each
-    server first serves WARM_LOAD_S of arrivals at the first rate, not measured: its first
-    batches under load (kernels for new batch sizes, a JIT) must not count against that rate
-    (TorchServe was 0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The
-    compute bound is measured before and after (no server up then)."""
-    model, deadline = st.models[0], st.deadlines[0]
-    bench = Bench(st, frames, np.zeros(2))
+    each server in turn gets the same arrivals, so the machine's drift hits all alike. They are
+    the first of `st.arrivals`: Poisson (new draws each round) or the Azure trace rescaled (the
+    same arrivals each round). Each server first serves WARM_LOAD_S of Poisson arrivals at the
+    first rate, not measured: its first batches under load (kernels for new batch sizes, a JIT)
+    must not count against that rate (TorchServe was 0.51-0.66 on time at its first rate, then
+    0.85-1.00 in the next round). The compute bound is measured before and after (no server up
+    then)."""
+    model, deadline, arrival = st.models[0], st.deadlines[0], st.arrivals[0]
+    bench = Bench(st, frames, trace)
     loads: dict[str, Load] = {}
     out: dict[str, Any] = {
         "date": dt.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "model": model,
         "deadline_ms": deadline,
+        "arrival": arrival,
         "rounds": rounds,
         "fold_peers": st.fold_peers,
         "compute_bound": {"before": await asyncio.to_thread(bench.compute_bound, model)},
@@ -1014,9 +1022,7 @@ async def interleaved(
                 for server in order:
                     load = loads[server]
                     dur = bench.duration(rate, False)
-                    arr = poisson_arrivals_s(
-                        rate, dur, np.random.default_rng([st.seed, rnd, int(rate * 10)])
-                    )
+                    arr = arrivals_for(arrival, rate, dur, st.seed + rnd, trace)
                     samples = await load.run_arrivals(arr, deadline / 1000.0)
                     await load.quiesce()
                     s = summarize(samples, deadline, dur)
@@ -1042,7 +1048,9 @@ async def interleaved(
     return out
 
 
-def interleaved_main(st: Settings, frames: list[bytes], rates: list[float], rounds: int) -> None:
+def interleaved_main(
+    st: Settings, frames: list[bytes], trace: np.ndarray, rates: list[float], rounds: int
+) -> None:
     model, deadline = st.models[0], st.deadlines[0]
     knobs: dict[str, Knobs] = {}
     for p in (st.out, st.out.with_name("peers-quick.json")):
@@ -1053,7 +1061,7 @@ def interleaved_main(st: Settings, frames: list[bytes], rates: list[float], roun
     for s in st.servers:
         knobs.setdefault(s, Knobs() if s == "layerbatch" else Knobs(8, 5.0))
     knobs = {s: knobs[s] for s in st.servers}
-    doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds))
+    doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds, trace))
     path = st.out.with_name("peers-interleaved.json")
     path.write_text(json.dumps(doc, indent=1))
     rows = interleaved_results(doc)
@@ -1091,7 +1099,7 @@ def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "server": server,
                 "model": doc["model"],
                 "deadline_ms": doc["deadline_ms"],
-                "arrival": f"poisson, {doc['rounds']} rounds interleaved",
+                "arrival": f"{doc.get('arrival', 'poisson')}, {doc['rounds']} rounds interleaved",
                 "knobs": label if server != "layerbatch" else doc["knobs"][server],
                 "capacity_rps": max(ok, default=0.0),
                 "crossing_rps": crossing,
@@ -1173,7 +1181,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     ap.add_argument(
         "--interleave",
         help="instead of the benchmark: these rates (comma list), every server (--servers) up at "
-        "once with its best knobs on record, measured in turn per rate (first model, deadline)",
+        "once with its best knobs on record, measured in turn per rate (first model, deadline, "
+        "arrivals)",
     )
     ap.add_argument("--rounds", type=int, default=2, help="--interleave: rounds over the rates")
     ap.add_argument(
@@ -1227,7 +1236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         profile_main(st, frames)
         return
     if st.interleave:
-        interleaved_main(st, frames, st.interleave, st.rounds)
+        interleaved_main(st, frames, trace, st.interleave, st.rounds)
         return
     bench = Bench(st, frames, trace)
     t0 = time.monotonic()

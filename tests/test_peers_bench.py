@@ -287,6 +287,9 @@ def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_t
     assert rows["triton"]["runs"]["30"] == {"on_time_ratio": 0.61}
     assert rows["layerbatch"]["crossing_rps"] == pytest.approx(34 + 4 * 0.01 / 0.13, abs=0.05)
     assert rows["triton"]["crossing_rps"] is None  # below the lowest rate measured
+    assert rows["triton"]["arrival"] == "poisson, 2 rounds interleaved"  # before "arrival"
+    doc["arrival"] = "azure"
+    assert interleaved_results(doc)[0]["arrival"] == "azure, 2 rounds interleaved"
     doc["mean_on_time"]["triton"] = {"30": 0.95, "26": 0.97, "34": 0.5}  # any order
     assert interleaved_results(doc)[1]["capacity_rps"] == 30.0
     assert interleaved_results(doc)[1]["crossing_rps"] == pytest.approx(
