@@ -1048,20 +1048,40 @@ async def interleaved(
     return out
 
 
+UNTUNED = Knobs(8, 5.0)  # a peer's knobs in an interleaved run when no tuning run has any
+
+
+def knobs_on_record(out: Path, model: str, deadline_ms: float) -> dict[str, tuple[Knobs, str]]:
+    """Each server's best knobs from the tuning runs beside `out` (`out` itself, then
+    peers-quick.json, then peers-quick-MODEL.json; Poisson arrivals), with where they came from:
+    those tuned at `deadline_ms` if any, else those tuned for the model at another deadline."""
+    exact: dict[str, tuple[Knobs, str]] = {}
+    other: dict[str, tuple[Knobs, str]] = {}
+    for p in (out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json")):
+        if not p.exists():
+            continue
+        for r in json.loads(p.read_text())["results"]:
+            if (r["model"], r["arrival"]) != (model, "poisson"):
+                continue
+            into = exact if r["deadline_ms"] == deadline_ms else other
+            where = f"tuned at {r['deadline_ms']:g} ms, {p.name}"
+            into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
+    return {**other, **exact}
+
+
 def interleaved_main(
     st: Settings, frames: list[bytes], trace: np.ndarray, rates: list[float], rounds: int
 ) -> None:
     model, deadline = st.models[0], st.deadlines[0]
+    found = knobs_on_record(st.out, model, deadline)
     knobs: dict[str, Knobs] = {}
-    for p in (st.out, st.out.with_name("peers-quick.json")):
-        if p.exists():
-            for r in json.loads(p.read_text())["results"]:
-                if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, "poisson"):
-                    knobs.setdefault(r["server"], knobs_from_label(r["knobs"]))
+    sources: dict[str, str] = {}
     for s in st.servers:
-        knobs.setdefault(s, Knobs() if s == "layerbatch" else Knobs(8, 5.0))
-    knobs = {s: knobs[s] for s in st.servers}
+        default = Knobs() if s == "layerbatch" else UNTUNED
+        knobs[s], sources[s] = found.get(s, (default, "no tuning run"))
+        print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
     doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds, trace))
+    doc["knobs_from"] = sources
     path = st.out.with_name("peers-interleaved.json")
     path.write_text(json.dumps(doc, indent=1))
     rows = interleaved_results(doc)

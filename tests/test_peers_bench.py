@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -24,6 +25,7 @@ from bench.peers import (
     format_table,
     interleaved_results,
     knobs_from_label,
+    knobs_on_record,
     poisson_arrivals_s,
     profile_breakdown,
     server_command,
@@ -265,6 +267,37 @@ def small_frame() -> bytes:
     ok, buf = cv2.imencode(".jpg", rgb)
     assert ok
     return bytes(buf)
+
+
+def test_interleaved_runs_take_each_peers_tuned_knobs_from_the_per_model_tuning_files(
+    tmp_path: Path,
+) -> None:
+    """The per-model quick runs (peers-quick-MODEL.json) count: the googlenet runs had fallen back
+    to untuned knobs because only peers.json and peers-quick.json were read."""
+
+    def doc(*rows: tuple[str, str, float, str]) -> str:
+        keys = ("server", "model", "deadline_ms", "knobs")
+        return json.dumps(
+            {"results": [dict(zip(keys, r, strict=True), arrival="poisson") for r in rows]}
+        )
+
+    (tmp_path / "peers-quick.json").write_text(doc(("triton", "resnet18", 300.0, "B=8,5ms")))
+    (tmp_path / "peers-quick-googlenet.json").write_text(
+        doc(
+            ("triton", "googlenet", 300.0, "B=4,20ms"),
+            ("torchserve", "googlenet", 300.0, "B=8,20ms"),
+            ("torchserve", "googlenet", 1000.0, "B=16,20ms"),
+        )
+    )
+    out = tmp_path / "peers.json"  # absent: no full run yet
+    found = knobs_on_record(out, "googlenet", 300.0)
+    assert found["triton"] == (Knobs(4, 20.0), "tuned at 300 ms, peers-quick-googlenet.json")
+    assert found["torchserve"][0] == Knobs(8, 20.0)
+    assert "ray" not in found
+    at_1000 = knobs_on_record(out, "googlenet", 1000.0)
+    assert at_1000["torchserve"][0] == Knobs(16, 20.0)  # tuned at this deadline first
+    assert at_1000["triton"] == (Knobs(4, 20.0), "tuned at 300 ms, peers-quick-googlenet.json")
+    assert knobs_on_record(out, "resnet18", 300.0)["triton"][0] == Knobs(8, 5.0)
 
 
 def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_time() -> None:

@@ -52,8 +52,10 @@ def test_the_runtimes_forwards_do_not_sleep_at_each_op() -> None:
 
 @pytest.mark.skipif(not LINUX_2_CPUS, reason="needs Linux and 2 CPUs")
 def test_a_second_thread_with_torch_work_makes_every_forward_sleep() -> None:
-    """The control: what building on the executor thread avoids."""
-    assert _switches("main-thread-op") > 30
+    """The control: what building on the executor thread avoids. Alone on the machine it reads
+    about 140 switches a forward; under the rest of `make test` it once read 24.5, so the bar
+    sits at 15 (the runtime as built reads under 1)."""
+    assert _switches("main-thread-op") > 15
 
 
 def test_call_returns_and_raises_on_the_thread() -> None:
