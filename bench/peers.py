@@ -101,6 +101,9 @@ class Knobs:
         return f"B={self.max_batch},{self.delay_ms:g}ms"
 
 
+UNTUNED = Knobs(8, 5.0)  # --interleave: a peer's knobs when no tuning run has any
+
+
 def tuning_grid(batches: Sequence[int], delays: Sequence[float]) -> list[Knobs]:
     """Every (max batch, max delay); with a batch of 1 the delay means nothing, so once."""
     out: list[Knobs] = []
@@ -1048,24 +1051,29 @@ async def interleaved(
     return out
 
 
-UNTUNED = Knobs(8, 5.0)  # a peer's knobs in an interleaved run when no tuning run has any
+def tuning_records(out: Path, model: str) -> list[tuple[Path, dict[str, Any]]]:
+    """`model`'s results under Poisson arrivals from the runs on record beside `out` (`out`
+    itself, then peers-quick.json, then peers-quick-MODEL.json), each with its file."""
+    files = (out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json"))
+    return [
+        (p, r)
+        for p in files
+        if p.exists()
+        for r in json.loads(p.read_text())["results"]
+        if (r["model"], r["arrival"]) == (model, "poisson")
+    ]
 
 
 def knobs_on_record(out: Path, model: str, deadline_ms: float) -> dict[str, tuple[Knobs, str]]:
-    """Each server's best knobs from the tuning runs beside `out` (`out` itself, then
-    peers-quick.json, then peers-quick-MODEL.json; Poisson arrivals), with where they came from:
-    those tuned at `deadline_ms` if any, else those tuned for the model at another deadline."""
+    """Each server's best knobs from the tuning runs on record (`tuning_records`), with where
+    they came from: those tuned at `deadline_ms` if any, else those tuned for the model at
+    another deadline."""
     exact: dict[str, tuple[Knobs, str]] = {}
     other: dict[str, tuple[Knobs, str]] = {}
-    for p in (out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json")):
-        if not p.exists():
-            continue
-        for r in json.loads(p.read_text())["results"]:
-            if (r["model"], r["arrival"]) != (model, "poisson"):
-                continue
-            into = exact if r["deadline_ms"] == deadline_ms else other
-            where = f"tuned at {r['deadline_ms']:g} ms, {p.name}"
-            into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
+    for p, r in tuning_records(out, model):
+        into = exact if r["deadline_ms"] == deadline_ms else other
+        where = f"tuned at {r['deadline_ms']:g} ms, {p.name}"
+        into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
     return {**other, **exact}
 
 
@@ -1300,11 +1308,8 @@ def profile_main(st: Settings, frames: list[bytes]) -> None:
     if rate is None:
         found = [
             r["capacity_rps"]
-            for p in (st.out, st.out.with_name("peers-quick.json"))
-            if p.exists()
-            for r in json.loads(p.read_text())["results"]
-            if (r["server"], r["model"], r["deadline_ms"], r["arrival"])
-            == ("layerbatch", model, deadline, "poisson")
+            for _, r in tuning_records(st.out, model)
+            if (r["server"], r["deadline_ms"]) == ("layerbatch", deadline)
         ]
         if not found:
             raise SystemExit("--profile: give --profile-rate (no layerbatch capacity on record)")

@@ -6,8 +6,8 @@ model is the one `layerexec.zoo.load_model` builds (the torchvision definition u
 seed, so the same weights; its batch norms folded into the convolutions, as layerbatch's loader
 does, only with PEERS_FOLD_BN=1), in channels-last memory format as layerbatch's executor runs it,
 under `torch.inference_mode()` with 2 intra-op threads, loaded and run on one thread as
-layerbatch's are (`Model`); the answer is the top-5 classes with their softmax scores, as layerbatch answers
-a classifier.
+layerbatch's are (`Model`); the answer is the top-5 classes with their softmax scores, as
+layerbatch answers a classifier.
 
 Runs in the peers' venv (.venv-peers) with the repository root on sys.path; imports no peer.
 
