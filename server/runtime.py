@@ -19,7 +19,8 @@ executor thread) with its profiled time (EWMA) and, when the two drift apart by 
 plans with the profiles rescaled by the measured factor (`time_scale` in /v1/status). Decodes on
 the executor thread are device time per request, not per stage: their measured mean (EWMA,
 `decode_ms`) is added per sample to each model's first stage instead. Deadlines are judged
-against what this machine really does.
+against what this machine really does, and count from when a request was received, before its
+decode (which may wait behind a step).
 
 Every accepted request is answered exactly once: with its result, as dropped (by the plan, with
 the reason), or with an error if its action failed. A client that goes away is forgotten: its
@@ -219,6 +220,7 @@ class Runtime:
         if rid in self.pending:
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         loop = asyncio.get_running_loop()
+        received_ms = self.clock()  # the deadline counts from here, not from the decode's end
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
             if self.decode_threads == 0:  # on the executor thread: device time (module doc)
@@ -232,9 +234,13 @@ class Runtime:
             self._admitting -= 1
         if rid in self.pending:  # the same id arrived while we decoded
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
-        now = self.clock()
         request = Request(
-            rid, req.app, req.position, now, now + req.deadline_ms, req.client_id or ""
+            rid,
+            req.app,
+            req.position,
+            received_ms,
+            received_ms + req.deadline_ms,
+            req.client_id or "",
         )
         try:
             self.executor.admit(rid, req.app, req.position, tensor)

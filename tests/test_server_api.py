@@ -679,6 +679,31 @@ async def test_decoding_on_the_executor_thread_serves_every_request(aiohttp_clie
     assert doc["decode_ms"] is not None and doc["decode_ms"] > 0
 
 
+@pytest.mark.asyncio
+async def test_a_deadline_counts_from_receipt_not_from_the_end_of_a_decode_that_waited(
+    aiohttp_client: Any,
+) -> None:
+    """A decode on the executor thread waits behind the running step; the request's deadline and
+    times count from when the server received it, so a request whose deadline passed while it
+    waited is judged late (dropped), not given its whole deadline again after the decode."""
+    import threading
+
+    runtime = build([CIFAR], decode_threads=0)
+    client = await serve(aiohttp_client, runtime)
+    held_ms = 300.0
+    gate = threading.Event()
+    runtime._exec_pool.submit(gate.wait)  # the executor thread busy (a long step, say)
+    late = asyncio.create_task(infer(client, infer_doc(small_jpeg(0), deadline_ms=100.0)))
+    roomy = asyncio.create_task(infer(client, infer_doc(small_jpeg(1), deadline_ms=5000.0)))
+    await wait_for(lambda: runtime._admitting == 2, "both requests to reach the decode queue")
+    await asyncio.sleep(held_ms / 1000.0)
+    gate.set()
+    (s1, a1), (s2, a2) = await asyncio.gather(late, roomy)
+    assert s1 == 200 and a1["status"] == "dropped" and a1["on_time"] is False, a1
+    assert s2 == 200 and a2["status"] == "ok" and a2["on_time"] is True, a2
+    assert a2["timing"]["total_ms"] >= held_ms and a2["timing"]["queue_ms"] >= held_ms
+
+
 def test_a_steps_measured_time_excludes_what_queued_before_it_on_the_executor_thread() -> None:
     """Decodes queue on the executor thread before a step; the time the step is calibrated
     with starts when the step itself starts, so they do not inflate `time_scale`."""
