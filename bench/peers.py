@@ -30,6 +30,11 @@ handlers, also in turn with the forward).
 The compute bound is the highest rate a plain batch-1 decode + forward can sustain on 2 threads:
 1000 / (decode_ms + forward_ms), medians over the frames, the faster memory layout; it is measured
 before and after each model's servers (the machine is shared: both are reported, the mean used).
+Beside it the batched ceiling: the same with full batches of 8 or 16, 1000 B / (B decode_ms +
+forward_ms(B)), the best of those and of the model with its batch norms folded (as layerbatch
+runs it): about the most any server could serve here, batching per model or per layer, with
+the cores to itself (larger batches gain little more). Where 1.3x the best peer is above it,
+that target is out of reach on this machine.
 
 Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the full benchmark):
 
@@ -60,7 +65,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +80,7 @@ SERVERS = ("layerbatch", "triton", "ray", "torchserve")
 PEERS = SERVERS[1:]
 MODELS = ("resnet18", "mobilenet_v2", "googlenet")
 THRESHOLD = 0.9
+TARGET_RATIO = 1.3  # the target: layerbatch's capacity over the best peer's
 WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
 THREADS = 2
 AZURE_TRACE = ROOT / "traces" / "data" / "request_traces" / "AzureLLMInferenceTrace_code.csv"
@@ -219,9 +225,28 @@ def trace_arrivals_s(
     return out
 
 
-def compute_bound_rps(decode_ms: float, forward_ms: float) -> float:
-    """The highest rate one plain batch-1 decode + forward at a time can sustain."""
-    return 1000.0 / (decode_ms + forward_ms)
+def compute_bound_rps(decode_ms: float, forward_ms: float, batch: int = 1) -> float:
+    """The highest rate decodes + one forward of `batch` frames at a time can sustain: with
+    batch 1 the compute bound; with full batches the ceiling of any server that batches whole
+    models on this machine (with nothing else on its cores)."""
+    return 1000.0 * batch / (batch * decode_ms + forward_ms)
+
+
+def batched_ceiling_rps(bound: dict[str, Any]) -> float:
+    """The batched ceiling of one compute-bound measurement (bench/peers_model.py): the best
+    `compute_bound_rps` over its full-batch forwards, as the peers run the model or folded."""
+    batched = [*bound["batched"].items(), *bound["batched_folded"].items()]
+    return max(compute_bound_rps(bound["decode_ms"], ms, int(b)) for b, ms in batched)
+
+
+def mean_bound(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The compute bound and batched ceiling measured before and after a model's servers (the
+    machine is shared), with their means as `rps` and `batched_rps`."""
+    return {
+        "before": before,
+        "after": after,
+        **{k: round((before[k] + after[k]) / 2, 2) for k in ("rps", "batched_rps")},
+    }
 
 
 def best_knobs(caps: dict[Knobs, tuple[float, float]]) -> Knobs:
@@ -234,9 +259,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def table_rows(results: Sequence[dict[str, Any]], bounds: dict[str, float]) -> list[dict[str, Any]]:
+def table_rows(
+    results: Sequence[dict[str, Any]],
+    bounds: Mapping[str, float],
+    ceilings: Mapping[str, float] | None = None,
+) -> list[dict[str, Any]]:
     """One row per (model, deadline, arrival): every server's capacity (and knobs), the best
-    peer, layerbatch / best peer, and each capacity as a fraction of the compute bound."""
+    peer, layerbatch / best peer, each capacity as a fraction of the compute bound, and the
+    batched ceiling (`batched_ceiling_rps`) where `ceilings` has it."""
     keys = list(dict.fromkeys((r["model"], r["deadline_ms"], r["arrival"]) for r in results))
     rows = []
     for model, deadline, arrival in keys:
@@ -255,6 +285,7 @@ def table_rows(results: Sequence[dict[str, Any]], bounds: dict[str, float]) -> l
                 "deadline_ms": deadline,
                 "arrival": arrival,
                 "compute_bound_rps": round(bound, 2) if bound else None,
+                "batched_ceiling_rps": (ceilings or {}).get(model),
                 "capacity_rps": caps,
                 "knobs": {s: mine[s]["knobs"] for s in mine},
                 "fraction_of_bound": {s: ratio(c, bound) for s, c in caps.items()},
@@ -268,12 +299,12 @@ def table_rows(results: Sequence[dict[str, Any]], bounds: dict[str, float]) -> l
 
 
 def format_table(rows: Sequence[dict[str, Any]], servers: Sequence[str]) -> str:
-    head = f"{'model':<13}{'deadline':>9} {'arrival':<8}{'bound':>7}"
+    head = f"{'model':<13}{'deadline':>9} {'arrival':<8}{'bound':>7}{'ceiling':>8}"
     head += "".join(f"{s:>12}" for s in servers) + f"{'best peer':>12}{'lb/peer':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         line = f"{r['model']:<13}{r['deadline_ms']:>7g}ms {r['arrival']:<8}"
-        line += f"{r['compute_bound_rps'] or 0:>7.1f}"
+        line += f"{r['compute_bound_rps'] or 0:>7.1f}{r.get('batched_ceiling_rps') or 0:>8.1f}"
         for s in servers:
             c = r["capacity_rps"].get(s)
             f = r["fraction_of_bound"].get(s)
@@ -281,7 +312,10 @@ def format_table(rows: Sequence[dict[str, Any]], servers: Sequence[str]) -> str:
         lb = r["layerbatch_over_best_peer"]
         line += f"{r['best_peer'] or '-':>12}{'-' if lb is None else f'{lb:.2f}':>9}"
         lines.append(line)
-    lines.append("capacity req/s at on-time ratio >= 0.9 (fraction of the compute bound)")
+    lines.append(
+        "capacity req/s at on-time ratio >= 0.9 (fraction of the compute bound); ceiling: "
+        "decodes + full-batch forwards"
+    )
     return "\n".join(lines)
 
 
@@ -832,13 +866,15 @@ class Bench:
         )  # fmt: skip
         doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         doc["rps"] = round(compute_bound_rps(doc["decode_ms"], doc["forward_ms"]), 2)
+        doc["batched_rps"] = round(batched_ceiling_rps(doc), 2)
         return doc
 
     async def model(self, model: str) -> None:
         before = await asyncio.to_thread(self.compute_bound, model)
         print(
             f"[{model}] compute bound: decode {before['decode_ms']:.1f} ms + forward "
-            f"{before['forward_ms']:.1f} ms ({before['layout']}) = {before['rps']:.1f} req/s",
+            f"{before['forward_ms']:.1f} ms ({before['layout']}) = {before['rps']:.1f} req/s; "
+            f"batched ceiling {before['batched_rps']:.1f} req/s",
             flush=True,
         )
         self.bounds[model] = {"before": before}
@@ -846,11 +882,10 @@ class Bench:
             print(f"[{model}] {server}", flush=True)
             await self.server_model(server, model, before["rps"])
         after = await asyncio.to_thread(self.compute_bound, model)
-        self.bounds[model]["after"] = after
-        self.bounds[model]["rps"] = round((before["rps"] + after["rps"]) / 2, 2)
+        self.bounds[model] = mean_bound(before, after)
         print(
             f"[{model}] compute bound after: {after['rps']:.1f} req/s "
-            f"(mean {self.bounds[model]['rps']:.1f})",
+            f"(mean {self.bounds[model]['rps']:.1f}), batched ceiling {after['batched_rps']:.1f}",
             flush=True,
         )
 
@@ -1039,9 +1074,8 @@ async def interleaved(
     finally:
         for load in loads.values():
             await bench.stop(load)
-    bound = out["compute_bound"]
-    bound["after"] = await asyncio.to_thread(bench.compute_bound, model)
-    bound["rps"] = round((bound["before"]["rps"] + bound["after"]["rps"]) / 2, 2)
+    before = out["compute_bound"]["before"]
+    out["compute_bound"] = mean_bound(before, await asyncio.to_thread(bench.compute_bound, model))
     out["knobs"] = {s: k.label for s, k in knobs.items()}
     out["runs"] = runs
     out["mean_on_time"] = {
@@ -1053,8 +1087,10 @@ async def interleaved(
 
 def tuning_records(out: Path, model: str) -> list[tuple[Path, dict[str, Any]]]:
     """`model`'s results under Poisson arrivals from the runs on record beside `out` (`out`
-    itself, then peers-quick.json, then peers-quick-MODEL.json), each with its file."""
-    files = (out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json"))
+    itself, then peers-quick.json, then peers-quick-MODEL.json and peers-quick-MODEL-*.json,
+    e.g. a tuning run at another deadline), each with its file."""
+    files = [out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json")]
+    files += sorted(out.parent.glob(f"peers-quick-{model}-*.json"))
     return [
         (p, r)
         for p in files
@@ -1085,8 +1121,10 @@ def interleaved_main(
     knobs: dict[str, Knobs] = {}
     sources: dict[str, str] = {}
     for s in st.servers:
-        default = Knobs() if s == "layerbatch" else UNTUNED
-        knobs[s], sources[s] = found.get(s, (default, "no tuning run"))
+        if s == "layerbatch":
+            knobs[s], sources[s] = Knobs(), "its defaults, never tuned"
+        else:
+            knobs[s], sources[s] = found.get(s, (UNTUNED, "no tuning run"))
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
     doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds, trace))
     doc["knobs_from"] = sources
@@ -1094,7 +1132,8 @@ def interleaved_main(
     path.write_text(json.dumps(doc, indent=1))
     rows = interleaved_results(doc)
     bound = float(doc["compute_bound"]["rps"])
-    plot(rows, {model: bound}, path.with_suffix(".png"))
+    ceiling = float(doc["compute_bound"]["batched_rps"])
+    plot(rows, {model: bound}, path.with_suffix(".png"), {model: ceiling})
     print(f"{'rate':>6}" + "".join(f"{s:>12}" for s in knobs))
     for r in [f"{x:g}" for x in rates]:
         print(f"{r:>6}" + "".join(f"{doc['mean_on_time'][s][r]:>12.3f}" for s in knobs))
@@ -1103,7 +1142,14 @@ def interleaved_main(
             f"{row['server']}: on time up to {row['capacity_rps']:g} req/s, crosses "
             f"{THRESHOLD} at {row['crossing_rps'] or 'a rate outside those measured'}"
         )
-    print(f"compute bound {bound:g} req/s (mean of before and after)")
+    print(f"compute bound {bound:g} req/s, batched ceiling {ceiling:g} (means of before and after)")
+    peers = [r["crossing_rps"] or r["capacity_rps"] for r in rows if r["server"] != "layerbatch"]
+    best_peer = max(peers, default=0.0)
+    if best_peer:
+        print(
+            f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is "
+            f"{TARGET_RATIO * best_peer:.1f}: {TARGET_RATIO * best_peer / ceiling:.2f} of the ceiling"
+        )
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
 
@@ -1140,7 +1186,12 @@ def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- output
 
 
-def plot(results: Sequence[dict[str, Any]], bounds: dict[str, float], path: Path) -> None:
+def plot(
+    results: Sequence[dict[str, Any]],
+    bounds: Mapping[str, float],
+    path: Path,
+    ceilings: Mapping[str, float] | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1169,6 +1220,9 @@ def plot(results: Sequence[dict[str, Any]], bounds: dict[str, float], path: Path
             )
         if bounds.get(model):
             ax.axvline(bounds[model], color="grey", ls=":", label="compute bound")
+        ceiling = (ceilings or {}).get(model)
+        if ceiling:
+            ax.axvline(ceiling, color="black", ls="-.", lw=0.8, label="batched ceiling")
         ax.axhline(THRESHOLD, color="grey", ls="--", lw=0.8)
         ax.set_title(f"{model}, {deadline:g} ms, {arrival}")
         ax.set_xlabel("request rate (req/s)")
@@ -1277,7 +1331,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for model in st.models:
         asyncio.run(bench.model(model))
     bounds = {m: float(b["rps"]) for m, b in bench.bounds.items()}
-    rows = table_rows(bench.results, bounds)
+    ceilings = {m: float(b["batched_rps"]) for m, b in bench.bounds.items()}
+    rows = table_rows(bench.results, bounds, ceilings)
     text = format_table(rows, st.servers)
     print(text)
     doc = {
@@ -1298,7 +1353,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     st.out.parent.mkdir(parents=True, exist_ok=True)
     st.out.write_text(json.dumps(doc, indent=1, default=str))
-    plot(bench.results, bounds, st.out.with_suffix(".png"))
+    plot(bench.results, bounds, st.out.with_suffix(".png"), ceilings)
     print(f"wrote {st.out} and {st.out.with_suffix('.png')} in {doc['elapsed_s']} s")
 
 

@@ -122,13 +122,21 @@ class Model:
 
 
 def compute_bound(
-    name: str, frames: list[bytes], repeats: int = 3, threads: int = THREADS
+    name: str,
+    frames: list[bytes],
+    repeats: int = 3,
+    threads: int = THREADS,
+    batches: tuple[int, ...] = (8, 16),
 ) -> dict[str, Any]:
     """Decode + batch-1 forward of every frame, `repeats` times, with `threads` torch threads,
-    contiguous and channels-last; the faster layout is the plain server's bound."""
+    contiguous and channels-last; the faster layout is the plain server's bound. Also, in that
+    layout, the median forward of a full batch of each size in `batches` (size -> forward_ms),
+    of the model as the peers run it (`batched`) and with its batch norms folded as layerbatch
+    runs it (`batched_folded`): with the decodes, about the most any server could do."""
     out: dict[str, Any] = {"model": name, "threads": threads, "frames": len(frames)}
+    models = {}
     for layout, cl in (("contiguous", False), ("channels_last", True)):
-        m = Model(name, threads=threads, channels_last=cl)
+        m = models[layout] = Model(name, threads=threads, channels_last=cl)
         dec, fwd = [], []
         for _ in range(repeats):
             for j in frames:
@@ -147,6 +155,20 @@ def compute_bound(
     out["layout"] = best
     out["decode_ms"] = out[best]["decode_ms"]
     out["forward_ms"] = out[best]["forward_ms"]
+    xs = torch.stack([models[best].decode(j) for j in frames])
+    folded = Model(name, threads=threads, channels_last=best == "channels_last",
+                   fold_batch_norm=True)  # fmt: skip
+    for key, m in (("batched", models[best]), ("batched_folded", folded)):
+        out[key] = {}
+        for b in batches:
+            x = xs[torch.arange(b) % len(xs)]
+            m.forward(x)  # warm-up at this size
+            times = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                m.forward(x)
+                times.append((time.perf_counter() - t0) * 1000.0)
+            out[key][str(b)] = round(statistics.median(times), 3)
     return out
 
 

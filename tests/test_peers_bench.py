@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -19,6 +20,7 @@ from bench.peers import (
     Protocol,
     RateSearch,
     Sample,
+    batched_ceiling_rps,
     best_knobs,
     categorize,
     compute_bound_rps,
@@ -26,6 +28,8 @@ from bench.peers import (
     interleaved_results,
     knobs_from_label,
     knobs_on_record,
+    mean_bound,
+    plot,
     poisson_arrivals_s,
     profile_breakdown,
     server_command,
@@ -136,6 +140,22 @@ def test_compute_bound_is_one_plain_request_at_a_time() -> None:
     assert compute_bound_rps(2.5, 30.8) == pytest.approx(1000.0 / 33.3)
 
 
+def test_batched_ceiling_is_every_decode_plus_one_full_batch_forward() -> None:
+    # 8 decodes of 2 ms and a batch-8 forward of 48 ms: 8 frames every 64 ms
+    assert compute_bound_rps(2.0, 48.0, batch=8) == pytest.approx(125.0)
+    measured = {
+        "decode_ms": 2.0,
+        "batched": {"8": 48.0, "16": 100.0},  # 125 and 121.2 req/s
+        "batched_folded": {"8": 40.0, "16": 88.0},  # 142.9 and 133.3: folded batch 8 is best
+    }
+    assert batched_ceiling_rps(measured) == pytest.approx(8000.0 / 56.0)
+    before = {"rps": 40.0, "batched_rps": 120.0}
+    after = {"rps": 30.0, "batched_rps": 100.0}
+    both = mean_bound(before, after)
+    assert (both["rps"], both["batched_rps"]) == (35.0, 110.0)
+    assert both["before"] is before and both["after"] is after
+
+
 def _result(server: str, cap: float, deadline: float = 300.0) -> dict[str, object]:
     return {
         "server": server,
@@ -157,7 +177,7 @@ def test_table_ratio_is_layerbatch_over_the_best_peer() -> None:
         _result("layerbatch", 30.0, 1000.0),
         _result("triton", 0.0, 1000.0),
     ]
-    rows = table_rows(results, {"resnet18": 32.5})
+    rows = table_rows(results, {"resnet18": 32.5}, {"resnet18": 45.0})
     assert [(r["deadline_ms"]) for r in rows] == [300.0, 1000.0]
     first = rows[0]
     assert first["best_peer"] == "triton"
@@ -167,6 +187,8 @@ def test_table_ratio_is_layerbatch_over_the_best_peer() -> None:
     assert rows[1]["layerbatch_over_best_peer"] is None  # the best peer served nothing on time
     text = format_table(rows, ["layerbatch", "triton", "ray", "torchserve"])
     assert "1.30" in text and "26.0 (0.80)" in text and "triton" in text
+    assert first["batched_ceiling_rps"] == 45.0 and "   45.0" in text
+    assert table_rows(results, {"resnet18": 32.5})[0]["batched_ceiling_rps"] is None
 
 
 def test_best_knobs_by_capacity_then_how_close_it_came() -> None:
@@ -272,8 +294,9 @@ def small_frame() -> bytes:
 def test_interleaved_runs_take_each_peers_tuned_knobs_from_the_per_model_tuning_files(
     tmp_path: Path,
 ) -> None:
-    """The per-model quick runs (peers-quick-MODEL.json) count: the googlenet runs had fallen back
-    to untuned knobs because only peers.json and peers-quick.json were read."""
+    """The per-model quick runs (peers-quick-MODEL.json, and -*.json beside it: a tuning run at
+    another deadline) count: the googlenet runs had fallen back to untuned knobs because only
+    peers.json and peers-quick.json were read."""
 
     def doc(*rows: tuple[str, str, float, str]) -> str:
         keys = ("server", "model", "deadline_ms", "knobs")
@@ -286,8 +309,10 @@ def test_interleaved_runs_take_each_peers_tuned_knobs_from_the_per_model_tuning_
         doc(
             ("triton", "googlenet", 300.0, "B=4,20ms"),
             ("torchserve", "googlenet", 300.0, "B=8,20ms"),
-            ("torchserve", "googlenet", 1000.0, "B=16,20ms"),
         )
+    )
+    (tmp_path / "peers-quick-googlenet-1000ms.json").write_text(
+        doc(("torchserve", "googlenet", 1000.0, "B=16,20ms"))
     )
     out = tmp_path / "peers.json"  # absent: no full run yet
     found = knobs_on_record(out, "googlenet", 300.0)
@@ -301,7 +326,7 @@ def test_interleaved_runs_take_each_peers_tuned_knobs_from_the_per_model_tuning_
 
 
 def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_time() -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "model": "resnet18",
         "deadline_ms": 300.0,
         "rounds": 2,
@@ -328,3 +353,41 @@ def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_t
     assert interleaved_results(doc)[1]["crossing_rps"] == pytest.approx(
         30 + 4 * 0.05 / 0.45, abs=0.05
     )
+
+
+def test_the_plot_draws_one_line_per_server_and_the_bound_and_ceiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+
+    doc = {
+        "model": "resnet18",
+        "deadline_ms": 1000.0,
+        "rounds": 2,
+        "knobs": {"layerbatch": "default", "torchserve": "B=8,5ms"},
+        "mean_on_time": {
+            "layerbatch": {"38": 1.0, "44": 0.95, "50": 0.87},
+            "torchserve": {"38": 1.0, "44": 0.37, "50": 0.12},
+        },
+    }
+    drawn: list[list[str]] = []
+    save = plt.Figure.savefig
+
+    def keep_labels(fig: plt.Figure, *args: Any, **kwargs: Any) -> None:
+        legend = fig.axes[0].get_legend()
+        assert legend is not None
+        drawn.append([t.get_text() for t in legend.get_texts()])
+        save(fig, *args, **kwargs)
+
+    path = tmp_path / "peers.png"
+    monkeypatch.setattr(plt.Figure, "savefig", keep_labels)
+    plot(interleaved_results(doc), {"resnet18": 36.0}, path, {"resnet18": 49.1})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == [
+        [
+            "layerbatch (default): 44",
+            "torchserve (B=8,5ms): 38",
+            "compute bound",
+            "batched ceiling",
+        ]
+    ]
