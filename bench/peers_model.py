@@ -156,8 +156,9 @@ def compute_bound(
     out["decode_ms"] = out[best]["decode_ms"]
     out["forward_ms"] = out[best]["forward_ms"]
     xs = torch.stack([models[best].decode(j) for j in frames])
-    folded = Model(name, threads=threads, channels_last=best == "channels_last",
-                   fold_batch_norm=True)  # fmt: skip
+    folded = Model(
+        name, threads=threads, channels_last=best == "channels_last", fold_batch_norm=True
+    )
     for key, m in (("batched", models[best]), ("batched_folded", folded)):
         out[key] = {}
         for b in batches:
