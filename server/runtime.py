@@ -24,7 +24,9 @@ decode (which may wait behind a step).
 
 Every accepted request is answered exactly once: with its result, as dropped (by the plan, with
 the reason), or with an error if its action failed. A client that goes away is forgotten: its
-request leaves the queue and its tensors are freed.
+request leaves the queue and its tensors are freed. Should planning or the runner itself fail (a
+fault of the server's), every queued request is answered with that error and the server refuses
+new ones, saying why, instead of leaving them waiting.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -134,6 +137,7 @@ class Runtime:
         self.metrics = Metrics()
         self.pending: dict[str, Pending] = {}
         self.accepting = True
+        self.failure: str | None = None  # why the runner stopped, if it did (see _fail)
         self.started_ms = clock()
         self._ids = itertools.count()
         self._kick: asyncio.Event | None = None
@@ -170,6 +174,7 @@ class Runtime:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task = asyncio.create_task(self._run(), name="layerbatch-runner")
+        self._task.add_done_callback(self._runner_done)
 
     async def drain(self) -> None:
         """Stop accepting; return once every accepted request has been answered."""
@@ -211,7 +216,9 @@ class Runtime:
         """Admit, wait for the answer, return it. Raises BadRequest for a request it refuses.
         With `raw`, the answer also carries the last model's output itself (`raw_output`)."""
         if not self.accepting:
-            raise BadRequest(503, "the server is shutting down and accepts no new requests")
+            raise BadRequest(
+                503, self.failure or "the server is shutting down and accepts no new requests"
+            )
         if len(self.pending) + self._admitting >= self.max_queued:
             raise Overloaded(
                 f"the queue is full ({self.max_queued} requests); try again shortly", 1
@@ -281,7 +288,11 @@ class Runtime:
         step runs), the device perhaps busy: answer what the plan drops, and stop the running
         step at its next stage boundary if the plan no longer starts with it."""
         self._replan_soon = False
-        self._answer_drops(self.engine.replan(self.clock()))
+        try:
+            self._answer_drops(self.engine.replan(self.clock()))
+        except Exception as exc:  # a fault of the scheduler's, not of a request
+            self._fail(exc)
+            return
         self._record_plans()
         self._arm_deadline_timer()
         if (
@@ -292,6 +303,28 @@ class Runtime:
             self._cancel.set()
         self._start_beside()
         self._wake()
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The runner or a plan raised: a fault of the server's, not of any request. It says so
+        on stderr and in /v1/status (`failure`), answers every queued request with that error,
+        refuses new ones (503, /readyz 503) and stays up for an operator to see why; nothing
+        waits for an answer that will never come."""
+        if self.failure is None:
+            self.failure = (
+                "the server's scheduler failed and it serves no more requests "
+                f"({type(exc).__name__}: {exc}); restart it"
+            )
+            traceback.print_exception(exc)
+        self.accepting = False
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        for rid in list(self.pending):
+            self._answer(rid, "error", reason=self.failure)
 
     def forget(self, rid: str) -> None:
         """The client went away: the request leaves the queue, its tensors are freed."""
@@ -541,7 +574,7 @@ class Runtime:
         }
         doc["on_time"] = on_time
         doc["batch_sizes"] = p.batch_sizes
-        doc["estimate_ms"] = self.estimate_ms(r.app)
+        doc["estimate_ms"] = None if self.failure else self.estimate_ms(r.app)
         p.future.set_result(doc)
 
     # --- status ------------------------------------------------------------------------------
@@ -577,4 +610,5 @@ class Runtime:
             "time_scale": round(self.time_scale, 3),
             "decode_threads": self.decode_threads,
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
+            "failure": self.failure,
         }

@@ -745,3 +745,39 @@ def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> 
         assert d.latency_ms(CIFAR, 0, b) == pytest.approx(base.latency_ms(0, b) + 2.0 * b)
         assert d.latency_ms(CIFAR, 1, b) == pytest.approx(base.latency_ms(1, b))
     assert runtime.engine.deployment is d
+
+
+# --- a fault in the scheduler ------------------------------------------------------------------
+class FaultyPolicy:
+    """A policy with a bug: every plan raises."""
+
+    name = "faulty"
+
+    def plan(self, state: SchedulerState, now_ms: float) -> Plan:
+        raise RuntimeError("a bug in the policy")
+
+
+@pytest.mark.asyncio
+async def test_a_scheduler_fault_answers_every_queued_request_and_refuses_new_ones(
+    aiohttp_client: Any,
+) -> None:
+    """A plan that raises is a fault of the server's: the request running and the one whose
+    arrival hit the fault are both answered with it (nobody waits for an answer that will never
+    come), new requests get 503 saying why, and /readyz and /v1/status show it."""
+    runtime = build([CIFAR])
+    client = await serve(aiohttp_client, runtime)
+    with StageGate(runtime, CIFAR, 0) as gate:
+        gate.close()
+        first = asyncio.create_task(infer(client, infer_doc(small_jpeg(0), request_id="first")))
+        await gate.held()
+        runtime.engine.policy = FaultyPolicy()
+        second = asyncio.create_task(infer(client, infer_doc(small_jpeg(1), request_id="second")))
+        await wait_for(lambda: runtime.failure is not None, "the fault to be noticed")
+    for status, answer in await asyncio.gather(first, second):
+        assert status == 500 and answer["status"] == "error", answer
+        assert "a bug in the policy" in answer["reason"] and "restart it" in answer["reason"]
+    status, answer = await infer(client, infer_doc(small_jpeg(2)))
+    assert status == 503 and "a bug in the policy" in answer["error"], answer
+    assert await get_json(client, "/readyz") == (503, {"ready": False})
+    status, doc = await get_json(client, "/v1/status")
+    assert "a bug in the policy" in doc["failure"] and doc["queued"] == 0
