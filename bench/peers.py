@@ -81,6 +81,7 @@ PEERS = SERVERS[1:]
 MODELS = ("resnet18", "mobilenet_v2", "googlenet")
 THRESHOLD = 0.9
 TARGET_RATIO = 1.3  # the target: layerbatch's capacity over the best peer's
+SPEED_CHANGE_WARN = 0.15  # warn when the batched ceiling moved by more than this during a run
 WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
 THREADS = 2
 AZURE_TRACE = ROOT / "traces" / "data" / "request_traces" / "AzureLLMInferenceTrace_code.csv"
@@ -241,12 +242,28 @@ def batched_ceiling_rps(bound: dict[str, Any]) -> float:
 
 def mean_bound(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The compute bound and batched ceiling measured before and after a model's servers (the
-    machine is shared), with their means as `rps` and `batched_rps`."""
+    machine is shared), with their means as `rps` and `batched_rps`, and how much faster the
+    machine ran after than before as `speed_change` (the ceilings' ratio)."""
     return {
         "before": before,
         "after": after,
         **{k: round((before[k] + after[k]) / 2, 2) for k in ("rps", "batched_rps")},
+        "speed_change": round(after["batched_rps"] / before["batched_rps"], 3),
     }
+
+
+def speed_warning(bound: dict[str, Any]) -> str | None:
+    """One line when the machine's speed (`mean_bound`'s speed_change) moved by more than
+    SPEED_CHANGE_WARN during the run, else None."""
+    change = float(bound["speed_change"])
+    if abs(change - 1.0) <= SPEED_CHANGE_WARN:
+        return None
+    return (
+        f"warning: this machine's speed changed during the run (batched ceiling "
+        f"{bound['before']['batched_rps']:.1f} req/s before, {bound['after']['batched_rps']:.1f} "
+        f"after, x{change:.2f}): only measurements taken close together compare (--interleave "
+        "measures the servers back to back at each rate), not capacities against the ceiling"
+    )
 
 
 def best_knobs(caps: dict[Knobs, tuple[float, float]]) -> Knobs:
@@ -888,6 +905,9 @@ class Bench:
             f"(mean {self.bounds[model]['rps']:.1f}), batched ceiling {after['batched_rps']:.1f}",
             flush=True,
         )
+        warning = speed_warning(self.bounds[model])
+        if warning:
+            print(f"[{model}] {warning}", flush=True)
 
 
 # ----------------------------------------------------------------------------- the profile
@@ -1143,6 +1163,9 @@ def interleaved_main(
             f"{THRESHOLD} at {row['crossing_rps'] or 'a rate outside those measured'}"
         )
     print(f"compute bound {bound:g} req/s, batched ceiling {ceiling:g} (means of before and after)")
+    warning = speed_warning(doc["compute_bound"])
+    if warning:
+        print(warning)
     peers = [r["crossing_rps"] or r["capacity_rps"] for r in rows if r["server"] != "layerbatch"]
     best_peer = max(peers, default=0.0)
     if best_peer:

@@ -33,6 +33,7 @@ from bench.peers import (
     poisson_arrivals_s,
     profile_breakdown,
     server_command,
+    speed_warning,
     summarize,
     table_rows,
     trace_arrivals_s,
@@ -154,6 +155,19 @@ def test_batched_ceiling_is_every_decode_plus_one_full_batch_forward() -> None:
     both = mean_bound(before, after)
     assert (both["rps"], both["batched_rps"]) == (35.0, 110.0)
     assert both["before"] is before and both["after"] is after
+    assert both["speed_change"] == pytest.approx(100.0 / 120.0, abs=1e-3)
+
+
+def test_a_run_warns_when_the_machine_changed_speed_during_it() -> None:
+    steady = mean_bound({"rps": 40.0, "batched_rps": 100.0}, {"rps": 41.0, "batched_rps": 112.0})
+    assert speed_warning(steady) is None  # 12%: within this machine's usual noise
+    # the mobilenet_v2 run of 2026-11-22 at 1000 ms: 74.0 req/s before, 116.3 after
+    moved = mean_bound({"rps": 51.7, "batched_rps": 74.0}, {"rps": 70.7, "batched_rps": 116.3})
+    warning = speed_warning(moved)
+    assert warning is not None
+    assert "74.0 req/s before, 116.3 after, x1.57" in warning
+    slower = mean_bound({"rps": 40.0, "batched_rps": 100.0}, {"rps": 30.0, "batched_rps": 80.0})
+    assert speed_warning(slower) is not None and "x0.80" in (speed_warning(slower) or "")
 
 
 def _result(server: str, cap: float, deadline: float = 300.0) -> dict[str, object]:
