@@ -239,6 +239,8 @@ class Runtime:
                 tensor = await loop.run_in_executor(self._decode_pool, self._decode, req)
         finally:
             self._admitting -= 1
+        if self.failure is not None:  # the runner failed while this request was decoded
+            raise BadRequest(503, self.failure)
         if rid in self.pending:  # the same id arrived while we decoded
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         request = Request(

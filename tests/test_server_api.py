@@ -781,3 +781,24 @@ async def test_a_scheduler_fault_answers_every_queued_request_and_refuses_new_on
     assert await get_json(client, "/readyz") == (503, {"ready": False})
     status, doc = await get_json(client, "/v1/status")
     assert "a bug in the policy" in doc["failure"] and doc["queued"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_request_decoding_when_the_runner_fails_is_refused_not_queued(
+    aiohttp_client: Any,
+) -> None:
+    """A request already past admission, its decode waiting behind a step, when the runner
+    fails: it is refused with the failure (503), not queued for a runner that is gone."""
+    import threading
+
+    runtime = build([CIFAR], decode_threads=0)
+    client = await serve(aiohttp_client, runtime)
+    gate = threading.Event()
+    runtime._exec_pool.submit(gate.wait)  # the executor thread busy: the decode waits
+    waiting = asyncio.create_task(infer(client, infer_doc(small_jpeg(0))))
+    await wait_for(lambda: runtime._admitting == 1, "the request to reach the decode queue")
+    runtime._fail(RuntimeError("the runner broke"))
+    gate.set()
+    status, answer = await waiting
+    assert status == 503 and "the runner broke" in answer["error"], answer
+    assert not runtime.pending
