@@ -18,7 +18,8 @@ For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson;
 code trace rescaled to the rate), the capacity is the highest rate whose on-time ratio is >= 0.9,
 found by a search on the rate (grow/shrink by 1.5x from the compute bound, then bisection to a
 tolerance). Each peer's batching knobs are tuned over a stated grid (max batch x max delay; the
-best by capacity, then by on-time ratio at the rate above it) and its best is the one reported;
+best by capacity, then by on-time ratio at the rate above it), at each deadline under each
+arrival process, and its best there is the one reported;
 Triton also rejects a request that has queued longer than the deadline (its queue policy), and Ray
 Serve takes up to 256 requests at once per replica (`max_ongoing_requests`), both of which only
 help them. layerbatch runs its defaults: dp-tardy, batch norms folded into the convolutions at
@@ -42,6 +43,12 @@ Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the ful
     .venv-peers/bin/python bench/peers.py             # full: 3 models x {300, 1000} ms, 4x3 grid
     .venv-peers/bin/python bench/peers.py --servers layerbatch,triton --models mobilenet_v2
     .venv-peers/bin/python bench/peers.py --interleave 26,30,34,38 --rounds 2 [--fold-peers]
+    .venv-peers/bin/python bench/peers.py --quick --models mobilenet_v2 --arrivals azure \
+        --out bench/results/peers-quick-mobilenet_v2-azure.json   # tune under the trace
+
+An --interleave run takes each peer's knobs from the tuning runs on record (peers.json,
+peers-quick*.json): those tuned under its arrival process (the first of --arrivals) at its
+deadline if any, else the nearest (another deadline, then Poisson arrivals), and says which.
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
 out/peers/. The pure parts (search, trace rescaling, summaries, table) are tested in
@@ -764,14 +771,19 @@ class Bench:
         await asyncio.to_thread(load.run.stop)
 
     async def server_model(self, server: str, model: str, bound: float) -> None:
-        """Tune (peers), then measure the best knobs per deadline, for each arrival process."""
+        """Tune (peers), then measure the best knobs per deadline, for each arrival process.
+        A peer is tuned under each arrival process it is measured under: knobs best for Poisson
+        arrivals need not be best for the bursty trace (TorchServe's were not)."""
         st = self.st
         grid = [Knobs()] if server == "layerbatch" else st.grid
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
         # layerbatch takes it per request, the others ignore it: one start serves every deadline
         groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
         for group in groups:
-            tuned: dict[float, dict[Knobs, tuple[float, float]]] = {d: {} for d in group}
+            cases = [(d, a) for d in group for a in st.arrivals]
+            tuned: dict[tuple[float, str], dict[Knobs, tuple[float, float]]] = {
+                c: {} for c in cases
+            }
             coarse: dict[Knobs, Cache] = {}
             if len(grid) > 1:
                 for knobs in grid:
@@ -779,79 +791,75 @@ class Bench:
                     try:
                         cache: Cache = {}
                         coarse[knobs] = cache
-                        for d in group:
+                        for d, arrival in cases:
                             load.deadline_ms = d
                             load.bodies = [load.proto.request(f, d) for f in self.frames]
+                            start = self._start_rate(model, d, arrival, bound)
                             rs = await self.search(
-                                load,
-                                cache,
-                                "poisson",
-                                d,
-                                self._start_rate(model, d, "poisson", bound),
-                                st.tune_tol,
-                                True,
+                                load, cache, arrival, d, start, st.tune_tol, True
                             )
                             fails = [r for r, ok in rs.tried if not ok]
                             near = (
-                                cache[("poisson", min(fails))].summary(d)["on_time_ratio"]
+                                cache[(arrival, min(fails))].summary(d)["on_time_ratio"]
                                 if fails
                                 else 1.0
                             )
-                            tuned[d][knobs] = (rs.capacity, near or 0.0)
+                            tuned[(d, arrival)][knobs] = (rs.capacity, near or 0.0)
                             self.tuning.append(
                                 {
                                     "server": server,
                                     "model": model,
                                     "deadline_ms": d,
+                                    "arrival": arrival,
                                     "knobs": asdict(knobs),
                                     "capacity_rps": rs.capacity,
                                     "on_time_at_first_failure": near,
-                                    "runs": self.runs_table(cache, "poisson", d),
+                                    "runs": self.runs_table(cache, arrival, d),
                                 }
                             )
                     finally:
                         await self.stop(load)
-            best = {d: best_knobs(tuned[d]) if tuned[d] else grid[0] for d in group}
+            best = {c: best_knobs(tuned[c]) if tuned[c] else grid[0] for c in cases}
             for knobs in dict.fromkeys(best.values()):
                 load = await self.start(server, model, knobs, group[0])
                 try:
                     cache = {}
-                    for d in [d for d in group if best[d] == knobs]:
+                    for d, arrival in [c for c in cases if best[c] == knobs]:
                         load.deadline_ms = d
                         load.bodies = [load.proto.request(f, d) for f in self.frames]
-                        for arrival in st.arrivals:
-                            prior = coarse.get(knobs, {})
-                            known = [
-                                (rate, (run.summary(d)["on_time_ratio"] or 0) >= THRESHOLD)
-                                for (a, rate), run in prior.items()
-                                if a == arrival
-                            ]
-                            lo = max((r for r, ok in known if ok), default=None)
-                            hi = min((r for r, ok in known if not ok), default=None)
-                            seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
-                            start = self._start_rate(model, d, arrival, bound)
-                            rs = await self.search(
-                                load, cache, arrival, d, start, st.tol, False, known=seeds
-                            )
-                            self.results.append(
-                                {
-                                    "server": server,
-                                    "model": model,
-                                    "deadline_ms": d,
-                                    "arrival": arrival,
-                                    "knobs": knobs.label,
-                                    "capacity_rps": rs.capacity,
-                                    "runs": self.runs_table(cache, arrival, d),
-                                    "tuning_runs_at_these_knobs": self.runs_table(prior, arrival, d)
-                                    if prior
-                                    else {},
-                                }
-                            )
-                            print(
-                                f"  => {server} {model} {d:g} ms {arrival}: capacity "
-                                f"{rs.capacity:g} req/s ({knobs.label})",
-                                flush=True,
-                            )
+                        prior = coarse.get(knobs, {})
+                        known = [
+                            (rate, (run.summary(d)["on_time_ratio"] or 0) >= THRESHOLD)
+                            for (a, rate), run in prior.items()
+                            if a == arrival
+                        ]
+                        lo = max((r for r, ok in known if ok), default=None)
+                        hi = min((r for r, ok in known if not ok), default=None)
+                        seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
+                        start = self._start_rate(model, d, arrival, bound)
+                        rs = await self.search(
+                            load, cache, arrival, d, start, st.tol, False, known=seeds
+                        )
+                        self.results.append(
+                            {
+                                "server": server,
+                                "model": model,
+                                "deadline_ms": d,
+                                "arrival": arrival,
+                                "knobs": knobs.label,
+                                "tuned_under": arrival if len(grid) > 1 else None,
+                                "capacity_rps": rs.capacity,
+                                "runs": self.runs_table(cache, arrival, d),
+                                "tuning_runs_at_these_knobs": self.runs_table(prior, arrival, d)
+                                if prior
+                                else {},
+                            }
+                        )
+                        print(
+                            f"  => {server} {model} {d:g} ms {arrival}: capacity "
+                            f"{rs.capacity:g} req/s ({knobs.label})",
+                            flush=True,
+                        )
                 finally:
                     await self.stop(load)
 
@@ -866,7 +874,7 @@ class Bench:
         ] + [
             float(t["capacity_rps"])
             for t in self.tuning
-            if (t["model"], t["deadline_ms"]) == (model, deadline) and arrival == "poisson"
+            if (t["model"], t["deadline_ms"], t["arrival"]) == (model, deadline, arrival)
         ]
         if not any(found) and arrival != "poisson":
             return self._start_rate(model, deadline, "poisson", bound)
@@ -1105,10 +1113,13 @@ async def interleaved(
     return out
 
 
-def tuning_records(out: Path, model: str) -> list[tuple[Path, dict[str, Any]]]:
-    """`model`'s results under Poisson arrivals from the runs on record beside `out` (`out`
-    itself, then peers-quick.json, then peers-quick-MODEL.json and peers-quick-MODEL-*.json,
-    e.g. a tuning run at another deadline), each with its file."""
+def tuning_records(
+    out: Path, model: str, arrival: str = "poisson"
+) -> list[tuple[Path, dict[str, Any]]]:
+    """`model`'s results under `arrival` arrivals, at knobs tuned under them, from the runs on
+    record beside `out` (`out` itself, then peers-quick.json, then peers-quick-MODEL.json and
+    peers-quick-MODEL-*.json, e.g. a tuning run at another deadline), each with its file. Runs
+    from before per-arrival tuning (no "tuned_under") were tuned under Poisson arrivals."""
     files = [out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json")]
     files += sorted(out.parent.glob(f"peers-quick-{model}-*.json"))
     return [
@@ -1116,28 +1127,34 @@ def tuning_records(out: Path, model: str) -> list[tuple[Path, dict[str, Any]]]:
         for p in files
         if p.exists()
         for r in json.loads(p.read_text())["results"]
-        if (r["model"], r["arrival"]) == (model, "poisson")
+        if (r["model"], r["arrival"], r.get("tuned_under") or "poisson")
+        == (model, arrival, arrival)
     ]
 
 
-def knobs_on_record(out: Path, model: str, deadline_ms: float) -> dict[str, tuple[Knobs, str]]:
+def knobs_on_record(
+    out: Path, model: str, deadline_ms: float, arrival: str = "poisson"
+) -> dict[str, tuple[Knobs, str]]:
     """Each server's best knobs from the tuning runs on record (`tuning_records`), with where
-    they came from: those tuned at `deadline_ms` if any, else those tuned for the model at
-    another deadline."""
-    exact: dict[str, tuple[Knobs, str]] = {}
-    other: dict[str, tuple[Knobs, str]] = {}
-    for p, r in tuning_records(out, model):
-        into = exact if r["deadline_ms"] == deadline_ms else other
-        where = f"tuned at {r['deadline_ms']:g} ms, {p.name}"
-        into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
-    return {**other, **exact}
+    they came from, the first found of: tuned under `arrival` at `deadline_ms`, under `arrival`
+    at another deadline, then the same two under Poisson arrivals."""
+    found: dict[str, tuple[Knobs, str]] = {}
+    for tuned_under in dict.fromkeys(["poisson", arrival]):  # lowest priority first
+        exact: dict[str, tuple[Knobs, str]] = {}
+        other: dict[str, tuple[Knobs, str]] = {}
+        for p, r in tuning_records(out, model, tuned_under):
+            into = exact if r["deadline_ms"] == deadline_ms else other
+            where = f"tuned under {tuned_under} arrivals at {r['deadline_ms']:g} ms, {p.name}"
+            into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
+        found.update({**other, **exact})
+    return found
 
 
 def interleaved_main(
     st: Settings, frames: list[bytes], trace: np.ndarray, rates: list[float], rounds: int
 ) -> None:
     model, deadline = st.models[0], st.deadlines[0]
-    found = knobs_on_record(st.out, model, deadline)
+    found = knobs_on_record(st.out, model, deadline, st.arrivals[0])
     knobs: dict[str, Knobs] = {}
     sources: dict[str, str] = {}
     for s in st.servers:

@@ -330,13 +330,55 @@ def test_interleaved_runs_take_each_peers_tuned_knobs_from_the_per_model_tuning_
     )
     out = tmp_path / "peers.json"  # absent: no full run yet
     found = knobs_on_record(out, "googlenet", 300.0)
-    assert found["triton"] == (Knobs(4, 20.0), "tuned at 300 ms, peers-quick-googlenet.json")
+    assert found["triton"] == (
+        Knobs(4, 20.0),
+        "tuned under poisson arrivals at 300 ms, peers-quick-googlenet.json",
+    )
     assert found["torchserve"][0] == Knobs(8, 20.0)
     assert "ray" not in found
     at_1000 = knobs_on_record(out, "googlenet", 1000.0)
     assert at_1000["torchserve"][0] == Knobs(16, 20.0)  # tuned at this deadline first
-    assert at_1000["triton"] == (Knobs(4, 20.0), "tuned at 300 ms, peers-quick-googlenet.json")
+    assert at_1000["triton"] == (
+        Knobs(4, 20.0),
+        "tuned under poisson arrivals at 300 ms, peers-quick-googlenet.json",
+    )
     assert knobs_on_record(out, "resnet18", 300.0)["triton"][0] == Knobs(8, 5.0)
+
+
+def test_a_run_under_the_azure_trace_takes_knobs_tuned_under_it_else_says_they_were_not(
+    tmp_path: Path,
+) -> None:
+    """Knobs tuned under Poisson arrivals need not be a peer's best under the bursty trace: an
+    interleaved Azure run takes those tuned under the trace when there are any. Results from
+    before per-arrival tuning (no "tuned_under") had Poisson-tuned knobs even when measured
+    under the trace, and never count as tuned under it."""
+    rows = [
+        ("triton", "poisson", "poisson", "B=8,5ms"),
+        ("triton", "azure", "azure", "B=4,20ms"),
+        ("torchserve", "poisson", None, "B=4,5ms"),
+        ("torchserve", "azure", None, "B=4,5ms"),  # measured under the trace, tuned under Poisson
+        ("ray", "azure", "azure", "B=16,1ms"),
+    ]
+    keys = ("server", "arrival", "tuned_under", "knobs")
+    results = [
+        {**dict(zip(keys, r, strict=True)), "model": "mobilenet_v2", "deadline_ms": 300.0}
+        for r in rows
+    ]
+    (tmp_path / "peers-quick-mobilenet_v2-azure.json").write_text(json.dumps({"results": results}))
+    out = tmp_path / "peers.json"
+    azure = knobs_on_record(out, "mobilenet_v2", 300.0, "azure")
+    assert azure["triton"] == (
+        Knobs(4, 20.0),
+        "tuned under azure arrivals at 300 ms, peers-quick-mobilenet_v2-azure.json",
+    )
+    assert azure["ray"][0] == Knobs(16, 1.0)
+    assert azure["torchserve"] == (
+        Knobs(4, 5.0),
+        "tuned under poisson arrivals at 300 ms, peers-quick-mobilenet_v2-azure.json",
+    )
+    poisson = knobs_on_record(out, "mobilenet_v2", 300.0)
+    assert poisson["triton"][0] == Knobs(8, 5.0)
+    assert "ray" not in poisson  # tuned under the trace only
 
 
 def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_time() -> None:
