@@ -676,12 +676,16 @@ class Settings:
     fold_peers: bool = False
 
 
-def arrivals_for(kind: str, rate: float, duration_s: float, seed: int, trace: np.ndarray) -> Any:
-    """Poisson arrivals for `duration_s`, or as many of the trace's (rescaled) as Poisson would
-    send in that time on average."""
+def arrivals_for(
+    kind: str, rate: float, duration_s: float, seed: int, trace: np.ndarray, count: int
+) -> Any:
+    """Poisson arrivals for `duration_s`, or the trace's first `count` arrivals rescaled to
+    `rate`: the same arrivals at every rate, compressed, so that a higher rate means the same
+    bursts closer together (a count that grew with the rate would also bring later, different
+    bursts into a run)."""
     if kind == "poisson":
         return poisson_arrivals_s(rate, duration_s, np.random.default_rng([seed, int(rate * 10)]))
-    return trace_arrivals_s(trace, rate, max(2, round(rate * duration_s)))
+    return trace_arrivals_s(trace, rate, max(2, count))
 
 
 class Bench:
@@ -692,18 +696,24 @@ class Bench:
         self.bounds: dict[str, dict[str, Any]] = {}
         self.checks: dict[str, dict[str, Any]] = {}
 
-    def duration(self, rate: float, tuning: bool) -> float:
+    def arrivals(
+        self, arrival: str, rate: float, tuning: bool, seed: int
+    ) -> tuple[np.ndarray, float]:
+        """One run's arrivals (`arrivals_for`) and its duration in seconds: Poisson's for at
+        least the set duration and `min_requests` requests, the trace's `min_requests`."""
         d = self.st.tune_duration_s if tuning else self.st.duration_s
-        return max(d, self.st.min_requests / rate)
+        dur = max(d, self.st.min_requests / rate)
+        arr = arrivals_for(arrival, rate, dur, seed, self.trace, self.st.min_requests)
+        if arrival != "poisson" and len(arr):
+            dur = float(arr[-1])
+        return arr, dur
 
     async def measure(
         self, load: Load, cache: Cache, arrival: str, rate: float, tuning: bool
     ) -> Run:
         key = (arrival, rate)
         if key not in cache:
-            dur = self.duration(rate, tuning)
-            arr = arrivals_for(arrival, rate, dur, self.st.seed, self.trace)
-            dur = max(dur, float(arr[-1])) if len(arr) else dur
+            arr, dur = self.arrivals(arrival, rate, tuning, self.st.seed)
             cache[key] = Run(await load.run_arrivals(arr, load.deadline_ms / 1000.0), dur)
             await load.quiesce()
         return cache[key]
@@ -865,8 +875,9 @@ class Bench:
 
     def _start_rate(self, model: str, deadline: float, arrival: str, bound: float) -> float:
         """Where a capacity search starts: 0.8 x the best capacity found so far for this model,
-        deadline and arrival process (any server, any knobs; with Poisson's for the trace when
-        there is none yet), else the compute bound; this saves the runs far below capacity."""
+                deadline and arrival process (any server, any knobs; with Poisson's for the trace when
+                there is none yet), else the compute bound; this saves the runs far from capacity (under the
+        Azure trace, capacity is about a tenth of the compute bound)."""
         found = [
             float(r["capacity_rps"])
             for r in self.results
@@ -876,9 +887,11 @@ class Bench:
             for t in self.tuning
             if (t["model"], t["deadline_ms"], t["arrival"]) == (model, deadline, arrival)
         ]
-        if not any(found) and arrival != "poisson":
+        if any(found):
+            return 0.8 * max(found)
+        if arrival != "poisson":
             return self._start_rate(model, deadline, "poisson", bound)
-        return max(bound, 0.8 * max(found, default=0.0))
+        return bound
 
     def compute_bound(self, model: str) -> dict[str, Any]:
         with_frames = self.st.logdir / "frames.npz"
@@ -1087,8 +1100,7 @@ async def interleaved(
                 order = list(knobs) if rnd % 2 == 0 else list(reversed(knobs))
                 for server in order:
                     load = loads[server]
-                    dur = bench.duration(rate, False)
-                    arr = arrivals_for(arrival, rate, dur, st.seed + rnd, trace)
+                    arr, dur = bench.arrivals(arrival, rate, False, st.seed + rnd)
                     samples = await load.run_arrivals(arr, deadline / 1000.0)
                     await load.quiesce()
                     s = summarize(samples, deadline, dur)

@@ -16,6 +16,7 @@ import torch
 
 from bench.peers import (
     AZURE_TRACE,
+    Bench,
     Knobs,
     Protocol,
     RateSearch,
@@ -29,6 +30,7 @@ from bench.peers import (
     knobs_from_label,
     knobs_on_record,
     mean_bound,
+    parse_args,
     plot,
     poisson_arrivals_s,
     profile_breakdown,
@@ -447,3 +449,42 @@ def test_the_plot_draws_one_line_per_server_and_the_bound_and_ceiling(
             "batched ceiling",
         ]
     ]
+
+
+def test_a_capacity_search_starts_near_the_capacities_found_for_its_arrival_process() -> None:
+    """Under the Azure trace capacity is about a tenth of the compute bound: a search there
+    starts below what was found under it so far (else under Poisson), not at the bound."""
+    bench = Bench(parse_args(["--quick"]), [], np.zeros(2))
+    assert bench._start_rate("resnet18", 300.0, "poisson", 33.0) == 33.0  # nothing found yet
+    assert bench._start_rate("resnet18", 300.0, "azure", 33.0) == 33.0
+    bench.tuning.append(
+        {"model": "resnet18", "deadline_ms": 300.0, "arrival": "poisson", "capacity_rps": 40.0}
+    )
+    assert bench._start_rate("resnet18", 300.0, "poisson", 33.0) == pytest.approx(32.0)
+    assert bench._start_rate("resnet18", 300.0, "azure", 33.0) == pytest.approx(32.0)
+    assert bench._start_rate("resnet18", 1000.0, "poisson", 33.0) == 33.0  # another deadline
+    bench.results.append(
+        {"model": "resnet18", "deadline_ms": 300.0, "arrival": "azure", "capacity_rps": 5.0}
+    )
+    bench.tuning.append(
+        {"model": "resnet18", "deadline_ms": 300.0, "arrival": "azure", "capacity_rps": 4.0}
+    )
+    assert bench._start_rate("resnet18", 300.0, "azure", 33.0) == pytest.approx(4.0)
+
+
+def test_a_trace_run_sends_the_same_arrivals_at_every_rate_compressed() -> None:
+    """At every rate the trace's first --min-requests arrivals, rescaled: a count that grew
+    with the rate (as Poisson's does with a fixed duration) would bring different bursts into
+    the faster runs. Poisson runs last the set duration and hold at least that many."""
+    bench = Bench(
+        parse_args(["--quick", "--min-requests", "200"]), [], load_timestamps(AZURE_TRACE)
+    )
+    slow, slow_s = bench.arrivals("azure", 10.0, False, 1)
+    fast, fast_s = bench.arrivals("azure", 40.0, False, 1)
+    assert len(slow) == len(fast) == 200
+    assert np.allclose(fast, slow / 4.0)
+    assert (slow_s, fast_s) == (float(slow[-1]), float(fast[-1]))
+    poisson, poisson_s = bench.arrivals("poisson", 40.0, False, 1)
+    assert poisson_s == 12.0 and len(poisson) > 400  # quick: 12 s at 40 req/s
+    few, few_s = bench.arrivals("poisson", 5.0, True, 1)
+    assert few_s == 40.0 and len(few) > 150  # 200 requests at 5 req/s take 40 s
