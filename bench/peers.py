@@ -14,19 +14,19 @@ the moment it was due to be sent to its answer, and is on time when answered OK 
 deadline; the client gives up on a request at its deadline (as a camera would: a late frame is
 worthless), which lets a server that cancels abandoned requests (layerbatch, Ray Serve) shed them.
 
-For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson; the Azure LLM
-code trace rescaled to the rate), the capacity is the highest rate whose on-time ratio is >= 0.9,
-found by a search on the rate (grow/shrink by 1.5x from the compute bound, then bisection to a
-tolerance). Each peer's batching knobs are tuned over a stated grid (max batch x max delay; the
-best by capacity, then by on-time ratio at the rate above it), at each deadline under each
-arrival process, and its best there is the one reported;
-Triton also rejects a request that has queued longer than the deadline (its queue policy), and Ray
-Serve takes up to 256 requests at once per replica (`max_ongoing_requests`), both of which only
-help them. layerbatch runs its defaults: dp-tardy, batch norms folded into the convolutions at
-load (`layerbatch serve --no-fold-bn` turns it off; `--fold-peers` hands the peers the same folded
-model, to see how much of the difference that is), and, since torch's 2 threads take both cores,
-inputs decoded on its executor thread between steps (the peers decode inside their batch
-handlers, also in turn with the forward).
+For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson; the Azure LLM code
+trace's first --min-requests arrivals rescaled to the rate), the capacity is the highest rate whose
+on-time ratio is >= 0.9, found by a search on the rate (grow/shrink by 1.5x from 0.8x the best
+capacity found so far, else from the compute bound, then bisection to a tolerance). Each peer's
+batching knobs are tuned over a stated grid (max batch x max delay; the best by capacity, then by
+on-time ratio at the rate above it), at each deadline under each arrival process, and its best
+there is the one reported; Triton also rejects a request that has queued longer than the deadline
+(its queue policy), and Ray Serve takes up to 256 requests at once per replica
+(`max_ongoing_requests`), both of which only help them. layerbatch runs its defaults: dp-tardy,
+batch norms folded into the convolutions at load (`layerbatch serve --no-fold-bn` turns it off;
+`--fold-peers` hands the peers the same folded model, to see how much of the difference that is),
+and, since torch's 2 threads take both cores, inputs decoded on its executor thread between steps
+(the peers decode inside their batch handlers, also in turn with the forward).
 
 The compute bound is the highest rate a plain batch-1 decode + forward can sustain on 2 threads:
 1000 / (decode_ms + forward_ms), medians over the frames, the faster memory layout; it is measured
@@ -875,9 +875,9 @@ class Bench:
 
     def _start_rate(self, model: str, deadline: float, arrival: str, bound: float) -> float:
         """Where a capacity search starts: 0.8 x the best capacity found so far for this model,
-                deadline and arrival process (any server, any knobs; with Poisson's for the trace when
-                there is none yet), else the compute bound; this saves the runs far from capacity (under the
-        Azure trace, capacity is about a tenth of the compute bound)."""
+        deadline and arrival process (any server, any knobs; with Poisson's for the trace when
+        there is none yet), else the compute bound; this saves the runs far from capacity (under
+        the Azure trace capacity is about a tenth of the compute bound)."""
         found = [
             float(r["capacity_rps"])
             for r in self.results
@@ -1255,6 +1255,7 @@ def plot(
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     colors = {"layerbatch": "C3", "triton": "C0", "ray": "C2", "torchserve": "C1"}
     for ax, (model, deadline, arrival) in zip(axes.flat, panels, strict=False):
+        highest = 0.0
         for r in results:
             if (r["model"], r["deadline_ms"], r["arrival"]) != (model, deadline, arrival):
                 continue
@@ -1263,18 +1264,28 @@ def plot(
             if not pts:
                 continue
             xs, ys = zip(*pts, strict=True)
+            highest = max(highest, *xs)
+            capacity = r.get("crossing_rps") or r["capacity_rps"]  # interleaved: the crossing
             ax.plot(
                 xs,
                 ys,
                 "o-",
                 color=colors.get(r["server"]),
-                label=f"{r['server']} ({r['knobs']}): {r['capacity_rps']:g}",
+                label=f"{r['server']} ({r['knobs']}): {round(capacity, 1):g}",
             )
-        if bounds.get(model):
-            ax.axvline(bounds[model], color="grey", ls=":", label="compute bound")
-        ceiling = (ceilings or {}).get(model)
-        if ceiling:
-            ax.axvline(ceiling, color="black", ls="-.", lw=0.8, label="batched ceiling")
+        lines = (
+            ("compute bound", bounds.get(model), {"color": "grey", "ls": ":"}),
+            (
+                "batched ceiling",
+                (ceilings or {}).get(model),
+                {"color": "black", "ls": "-.", "lw": 0.8},
+            ),
+        )
+        for name, rate, style in lines:
+            if rate and rate <= 3.0 * highest:
+                ax.axvline(rate, label=name, **style)
+            elif rate:  # far right of every rate measured (the Azure trace): named, not drawn
+                ax.plot([], [], " ", label=f"{name} {rate:.0f} req/s, off the axis")
         ax.axhline(THRESHOLD, color="grey", ls="--", lw=0.8)
         ax.set_title(f"{model}, {deadline:g} ms, {arrival}")
         ax.set_xlabel("request rate (req/s)")
