@@ -1205,20 +1205,27 @@ def interleaved_main(
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
 
+def threshold_crossing(on_time: Mapping[float, float]) -> tuple[float, float | None]:
+    """From on-time ratios by rate: the highest rate below which every ratio is >= the
+    threshold (it trusts a lower failure, as the capacity search does; 0 if none), and where the
+    ratio crosses the threshold by linear interpolation between that rate and the next (None when
+    no two measured rates bracket it), to 0.1 req/s."""
+    pts = sorted(on_time.items())
+    ok = [r for r, _ in itertools.takewhile(lambda p: p[1] >= THRESHOLD, pts)]
+    crossing = None
+    if ok and len(ok) < len(pts):
+        (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
+        crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
+    return max(ok, default=0.0), crossing
+
+
 def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """An --interleave document as `plot`'s results: per server, the mean on-time ratio over
-    the rounds at each rate, and as capacity the highest rate measured below which every mean
-    is >= the threshold (as the capacity search, it trusts a lower failure; 0 if none), and
-    `crossing_rps`, where the mean crosses the threshold by linear interpolation between that
-    rate and the next (None when no measured rate brackets it)."""
+    the rounds at each rate, and as `capacity_rps` and `crossing_rps` the two of
+    `threshold_crossing` over those means."""
     out = []
     for server, per in doc["mean_on_time"].items():
-        pts = sorted((float(r), v) for r, v in per.items())
-        ok = [r for r, _ in itertools.takewhile(lambda p: p[1] >= THRESHOLD, pts)]
-        crossing = None
-        if ok and len(ok) < len(pts):
-            (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
-            crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
+        capacity, crossing = threshold_crossing({float(r): v for r, v in per.items()})
         label = doc["knobs"][server] + (", folded" if doc.get("fold_peers") else "")
         out.append(
             {
@@ -1227,7 +1234,7 @@ def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "deadline_ms": doc["deadline_ms"],
                 "arrival": f"{doc.get('arrival', 'poisson')}, {doc['rounds']} rounds interleaved",
                 "knobs": label if server != "layerbatch" else doc["knobs"][server],
-                "capacity_rps": max(ok, default=0.0),
+                "capacity_rps": capacity,
                 "crossing_rps": crossing,
                 "runs": {r: {"on_time_ratio": v} for r, v in per.items()},
             }

@@ -1,0 +1,194 @@
+"""What the scheduling alone buys over the peers' batchers, in the simulator, under the very
+arrivals bench/peers.py sends (issue 9).
+
+bench/peers.py compares servers that differ in everything at once: how they schedule, but also how
+fast they run a batch, what else runs beside torch on the two cores, and the machine's speed as it
+drifts. This takes the first apart. The simulator runs each policy on the same shipped CPU profile
+(`MODEL-cpu`, what layerbatch's server plans with), every request first costing `--decode-ms` of
+device time (the servers decode on the cores torch uses), batches of at most `--max-batch`, with
+the arrivals of bench/peers.py: Poisson (`--requests` of them, seeded as there) or the Azure code
+trace's first `--trace-requests` arrivals rescaled to the rate. dp-tardy (layerbatch's default)
+runs against whole-model batching: `dynamic` (Triton's and Ray Serve's batchers with no delay:
+whenever the device is free, the oldest waiting requests, up to B, through the whole model),
+`nexus` and `tfs` (batches that wait as long as the deadline allows). Every policy's batches take
+exactly their profiled time, so dp-tardy's crossing of 0.9 over the best other's is the gain of
+the scheduling alone: where it is below 1.3x, the issue's target needs a faster batch, not a
+better plan.
+
+Rates grow geometrically (x1.1) from a fraction of the compute bound (1000 / (decode + batch-1
+latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
+bench/peers.py. Runs in the project's venv, a minute or two:
+
+    .venv/bin/python bench/peers_sim.py [--models resnet18] [--arrivals azure] [--deadlines 300]
+
+Prints the crossings and ratios; writes bench/results/peers-sim.json and the PNG beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.peers import (
+    AZURE_TRACE,
+    MODELS,
+    ROOT,
+    THRESHOLD,
+    arrivals_for,
+    plot,
+    threshold_crossing,
+)
+from scheduler import Deployment, load_profile, make_policy
+from scheduler.profile import with_entry_cost
+from scheduler.types import App
+from server.build import BUNDLED_PROFILES, profile_path
+from sim.metrics import summarise
+from sim.simulator import simulate
+from sim.workload import Workload
+
+POLICIES = ("dp-tardy", "dynamic", "nexus", "tfs")
+STEP = 1.1  # rate grid: each rate this times the one before
+START = {"poisson": 0.2, "azure": 0.02}  # the first rate, as a fraction of the compute bound
+
+
+def deployment(model: str, decode_ms: float, max_batch: int) -> Deployment:
+    """`model` alone on its shipped CPU profile, each request's decode as first-stage work."""
+    profile = with_entry_cost(load_profile(profile_path(BUNDLED_PROFILES, model)), decode_ms)
+    return Deployment([profile], [App(model, (profile.model,))], max_batch)
+
+
+def compute_bound_rps(d: Deployment) -> float:
+    """1000 / (decode + batch-1 latency of the whole model), from the profile."""
+    profile = next(iter(d.profiles.values()))
+    return 1000.0 / sum(stage.latency_ms[0] for stage in profile.stages)
+
+
+def workload(
+    model: str, arrival: str, rate: float, deadline_ms: float, n: int, seed: int, trace: Any
+) -> Workload:
+    """bench/peers.py's arrivals at `rate` (`arrivals_for`), all for `model`'s app."""
+    arrivals_ms = arrivals_for(arrival, rate, n / rate, seed, trace, n) * 1000.0
+    times = tuple(float(t) for t in arrivals_ms)
+    return Workload(times, (model,) * len(times), deadline_ms, rate)
+
+
+def sweep(
+    d: Deployment,
+    model: str,
+    arrival: str,
+    deadline_ms: float,
+    n: int,
+    seed: int,
+    trace: Any,
+    policies: Sequence[str] = POLICIES,
+    max_rates: int = 80,
+) -> dict[str, dict[float, float]]:
+    """Each policy's on-time ratio by rate, over the grid in the module docstring."""
+    rate = START[arrival] * compute_bound_rps(d)
+    out: dict[str, dict[float, float]] = {p: {} for p in policies}
+    below = 0
+    for _ in range(max_rates):
+        w = workload(model, arrival, rate, deadline_ms, n, seed, trace)
+        key = round(rate, 2)
+        for p in policies:
+            out[p][key] = float(summarise(simulate(d, make_policy(p), w))["on_time_ratio"])
+        below = below + 1 if all(out[p][key] < THRESHOLD for p in policies) else 0
+        if below == 2:
+            break
+        rate *= STEP
+    return out
+
+
+def results(
+    model: str, arrival: str, deadline_ms: float, on_time: dict[str, dict[float, float]]
+) -> list[dict[str, Any]]:
+    """One row per policy, in bench/peers.py's result form (`plot` draws them)."""
+    rows = []
+    for policy, per in on_time.items():
+        capacity, crossing = threshold_crossing(per)
+        rows.append(
+            {
+                "server": policy,
+                "model": model,
+                "deadline_ms": deadline_ms,
+                "arrival": f"{arrival}, simulated",
+                "knobs": "layerbatch" if policy == "dp-tardy" else "whole-model batching",
+                "capacity_rps": capacity,
+                "crossing_rps": crossing,
+                "runs": {f"{r:g}": {"on_time_ratio": v} for r, v in per.items()},
+            }
+        )
+    return rows
+
+
+def gain(rows: Sequence[dict[str, Any]]) -> float | None:
+    """dp-tardy's crossing (or capacity) over the best other policy's."""
+    at = {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
+    best = max((v for p, v in at.items() if p != "dp-tardy"), default=0.0)
+    return round(at["dp-tardy"] / best, 2) if best and at.get("dp-tardy") else None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--arrivals", default="poisson,azure", help="poisson, azure or both")
+    ap.add_argument("--deadlines", default="300,1000", help="ms, comma list")
+    ap.add_argument("--decode-ms", type=float, default=2.0, help="device time per request")
+    ap.add_argument("--max-batch", type=int, default=8, help="every policy's largest batch")
+    ap.add_argument("--requests", type=int, default=1000, help="Poisson requests per rate")
+    ap.add_argument("--trace-requests", type=int, default=200, help="trace arrivals per rate")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "peers-sim.json"))
+    a = ap.parse_args(argv)
+    arrivals = a.arrivals.split(",")
+    for arrival in arrivals:
+        if arrival not in START:
+            raise SystemExit(f"--arrivals: expected poisson and/or azure, got {arrival!r}")
+    from traces.arrivals import load_timestamps
+
+    trace = load_timestamps(AZURE_TRACE)
+    rows: list[dict[str, Any]] = []
+    table = []
+    bounds = {}
+    columns = "".join(f"{p:>10}" for p in POLICIES)
+    print(f"{'model':<14}{'deadline':>9} {'arrivals':<9}{columns}{'dp-tardy / best':>17}")
+    for model in a.models.split(","):
+        d = deployment(model, a.decode_ms, a.max_batch)
+        bounds[model] = compute_bound_rps(d)
+        for deadline in (float(x) for x in a.deadlines.split(",")):
+            for arrival in arrivals:
+                n = a.requests if arrival == "poisson" else a.trace_requests
+                on_time = sweep(d, model, arrival, deadline, n, a.seed, trace)
+                these = results(model, arrival, deadline, on_time)
+                rows += these
+                at = {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in these}
+                ratio = gain(these)
+                row = {"model": model, "deadline_ms": deadline, "arrival": arrival}
+                table.append({**row, "crossing_rps": at, "gain": ratio})
+                print(
+                    f"{model:<14}{deadline:>7g}ms {arrival:<9}"
+                    + "".join(f"{at[p]:>10g}" for p in POLICIES)
+                    + f"{ratio if ratio else '-':>16}x",
+                    flush=True,
+                )
+    print(
+        f"req/s where the on-time ratio crosses {THRESHOLD} (simulated, {a.decode_ms:g} ms "
+        f"decode a request, batches of at most {a.max_batch})"
+    )
+    out = Path(a.out)
+    doc = {"settings": vars(a), "compute_bound_rps": bounds, "table": table, "results": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    plot(rows, bounds, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""bench/peers_sim.py (issue 9): the policies in the simulator under bench/peers.py's own arrivals."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bench.peers import AZURE_TRACE, THRESHOLD, arrivals_for
+from bench.peers_sim import STEP, compute_bound_rps, deployment, gain, results, sweep, workload
+from traces.arrivals import load_timestamps
+
+
+@pytest.fixture(scope="module")
+def trace() -> np.ndarray:
+    return load_timestamps(AZURE_TRACE)
+
+
+def test_the_workload_is_exactly_what_the_benchmark_sends(trace: np.ndarray) -> None:
+    for arrival in ("poisson", "azure"):
+        w = workload("resnet18", arrival, 12.0, 300.0, 150, 1, trace)
+        sent = arrivals_for(arrival, 12.0, 150 / 12.0, 1, trace, 150) * 1000.0
+        assert np.allclose(w.arrival_ms, sent)
+        assert set(w.apps) == {"resnet18"} and w.deadline_ms == 300.0
+
+
+def test_each_request_pays_its_decode_once_on_the_first_stage() -> None:
+    plain, decoded = deployment("resnet18", 0.0, 8), deployment("resnet18", 2.0, 8)
+    p, q = plain.profiles["resnet18"], decoded.profiles["resnet18"]
+    for b_index, b in enumerate(p.batch_sizes):
+        assert q.stages[0].latency_ms[b_index] == pytest.approx(
+            p.stages[0].latency_ms[b_index] + 2.0 * b
+        )
+    assert q.stages[1:] == p.stages[1:]
+    assert decoded.batch_limit("resnet18") == 8
+    assert 1000.0 / compute_bound_rps(decoded) == pytest.approx(
+        1000.0 / compute_bound_rps(plain) + 2.0
+    )
+
+
+def test_the_sweep_grows_the_rate_until_every_policy_misses_twice(trace: np.ndarray) -> None:
+    d = deployment("resnet18", 2.0, 8)
+    on_time = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, ("dp-tardy", "dynamic"))
+    rates = sorted(on_time["dp-tardy"])
+    assert rates == sorted(on_time["dynamic"])
+    assert all(b / a == pytest.approx(STEP, rel=0.01) for a, b in itertools.pairwise(rates))
+    below = [all(on_time[p][r] < THRESHOLD for p in on_time) for r in rates]
+    assert below[-2:] == [True, True] and not any(
+        a and b for a, b in itertools.pairwise(below[:-1])
+    )
+    assert on_time["dp-tardy"][rates[0]] == 1.0  # the first rate is far below capacity
+
+
+def test_rows_and_gain_compare_dp_tardy_with_the_best_other_policy() -> None:
+    on_time = {
+        "dp-tardy": {10.0: 1.0, 11.0: 0.95, 12.1: 0.85},
+        "dynamic": {10.0: 0.95, 11.0: 0.85, 12.1: 0.5},
+        "tfs": {10.0: 0.8, 11.0: 0.7, 12.1: 0.6},
+    }
+    rows = {r["server"]: r for r in results("googlenet", "azure", 300.0, on_time)}
+    assert rows["dp-tardy"]["crossing_rps"] == pytest.approx(11.5, abs=0.06)
+    assert rows["dynamic"]["crossing_rps"] == pytest.approx(10.5, abs=0.06)
+    assert rows["tfs"]["capacity_rps"] == 0.0 and rows["tfs"]["crossing_rps"] is None
+    assert rows["dp-tardy"]["arrival"] == "azure, simulated"
+    assert gain(list(rows.values())) == pytest.approx(11.5 / 10.5, abs=0.01)
