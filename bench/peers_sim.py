@@ -55,7 +55,7 @@ from sim.workload import Workload
 
 POLICIES = ("dp-tardy", "dynamic", "nexus", "tfs")
 STEP = 1.1  # rate grid: each rate this times the one before
-START = {"poisson": 0.2, "azure": 0.02}  # the first rate, as a fraction of the compute bound
+START = {"poisson": 0.3, "azure": 0.05}  # the first rate, as a fraction of the compute bound
 
 
 def deployment(model: str, decode_ms: float, max_batch: int) -> Deployment:
