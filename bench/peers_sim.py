@@ -17,7 +17,7 @@ better plan.
 
 Rates grow geometrically (x1.1) from a fraction of the compute bound (1000 / (decode + batch-1
 latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
-bench/peers.py. Runs in the project's venv, a minute or two:
+bench/peers.py. Runs in the project's venv, about 3 minutes for everything:
 
     .venv/bin/python bench/peers_sim.py [--models resnet18] [--arrivals azure] [--deadlines 300]
 
@@ -52,6 +52,7 @@ from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
 from sim.simulator import simulate
 from sim.workload import Workload
+from traces.arrivals import load_timestamps
 
 POLICIES = ("dp-tardy", "dynamic", "nexus", "tfs")
 STEP = 1.1  # rate grid: each rate this times the one before
@@ -151,15 +152,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     for arrival in arrivals:
         if arrival not in START:
             raise SystemExit(f"--arrivals: expected poisson and/or azure, got {arrival!r}")
-    from traces.arrivals import load_timestamps
-
+    models = a.models.split(",")
+    for model in models:
+        if not profile_path(BUNDLED_PROFILES, model).exists():
+            raise SystemExit(f"--models: expected models with a shipped CPU profile, got {model!r}")
     trace = load_timestamps(AZURE_TRACE)
     rows: list[dict[str, Any]] = []
     table = []
     bounds = {}
     columns = "".join(f"{p:>10}" for p in POLICIES)
     print(f"{'model':<14}{'deadline':>9} {'arrivals':<9}{columns}{'dp-tardy / best':>17}")
-    for model in a.models.split(","):
+    for model in models:
         d = deployment(model, a.decode_ms, a.max_batch)
         bounds[model] = compute_bound_rps(d)
         for deadline in (float(x) for x in a.deadlines.split(",")):
