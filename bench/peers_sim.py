@@ -65,7 +65,7 @@ def deployment(model: str, decode_ms: float, max_batch: int) -> Deployment:
     return Deployment([profile], [App(model, (profile.model,))], max_batch)
 
 
-def compute_bound_rps(d: Deployment) -> float:
+def profile_bound_rps(d: Deployment) -> float:
     """1000 / (decode + batch-1 latency of the whole model), from the profile."""
     profile = next(iter(d.profiles.values()))
     return 1000.0 / sum(stage.latency_ms[0] for stage in profile.stages)
@@ -92,7 +92,7 @@ def sweep(
     max_rates: int = 80,
 ) -> dict[str, dict[float, float]]:
     """Each policy's on-time ratio by rate, over the grid in the module docstring."""
-    rate = START[arrival] * compute_bound_rps(d)
+    rate = START[arrival] * profile_bound_rps(d)
     out: dict[str, dict[float, float]] = {p: {} for p in policies}
     below = 0
     for _ in range(max_rates):
@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{'model':<14}{'deadline':>9} {'arrivals':<9}{columns}{'dp-tardy / best':>17}")
     for model in models:
         d = deployment(model, a.decode_ms, a.max_batch)
-        bounds[model] = compute_bound_rps(d)
+        bounds[model] = profile_bound_rps(d)
         for deadline in (float(x) for x in a.deadlines.split(",")):
             for arrival in arrivals:
                 n = a.requests if arrival == "poisson" else a.trace_requests

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench.peers import AZURE_TRACE, THRESHOLD, arrivals_for
-from bench.peers_sim import STEP, compute_bound_rps, deployment, gain, results, sweep, workload
+from bench.peers_sim import STEP, deployment, gain, profile_bound_rps, results, sweep, workload
 from traces.arrivals import load_timestamps
 
 
@@ -34,8 +34,8 @@ def test_each_request_pays_its_decode_once_on_the_first_stage() -> None:
         )
     assert q.stages[1:] == p.stages[1:]
     assert decoded.batch_limit("resnet18") == 8
-    assert 1000.0 / compute_bound_rps(decoded) == pytest.approx(
-        1000.0 / compute_bound_rps(plain) + 2.0
+    assert 1000.0 / profile_bound_rps(decoded) == pytest.approx(
+        1000.0 / profile_bound_rps(plain) + 2.0
     )
 
 
