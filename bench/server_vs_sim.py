@@ -3,8 +3,10 @@ within 5 percentage points, mean completion within 15%).
 
 One run: `layerbatch serve` in a child process on loopback, driven by the built-in load generator
 (real video frames as JPEG) at Poisson arrivals; then the simulator replays exactly those arrivals
-(times and apps) with the same policy, deadline and profiles, rescaled by the factor the server
-measured between its steps' real and profiled times (`time_scale`, the profiles it plans with).
+(times and apps) with the same policy, deadline and the profiles the server plans with: each
+stage rescaled by the factor it measured between its steps' real and profiled times
+(`stage_scales`), and its measured decode time (`decode_ms`) as work per sample of each model's
+first stage when it decodes on the executor thread.
 Prints both sides and the differences.
 
     .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30]
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -24,7 +27,7 @@ from client.demo import DEMO_APPS, free_port, start_server, wait_ready
 from client.frames import jpeg, video_frames
 from client.loadgen import run_load, summary
 from scheduler import Deployment, load_profile, make_policy
-from scheduler.profile import scaled
+from scheduler.profile import scaled_stages, with_entry_cost
 from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
 from sim.simulator import simulate
@@ -33,7 +36,7 @@ from sim.workload import Workload
 
 async def drive(
     url: str, rate: float, duration: float, deadline: float, seed: int
-) -> tuple[list, float]:  # type: ignore[type-arg]
+) -> tuple[list, dict[str, Any]]:  # type: ignore[type-arg]
     frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         await run_load(
@@ -43,8 +46,8 @@ async def drive(
             url, DEMO_APPS, frames, rate, duration, deadline, np.random.default_rng(seed), s
         )
         async with s.get(f"{url}/v1/status", headers={"Accept": "application/json"}) as r:
-            scale = float((await r.json())["time_scale"])
-    return records, scale
+            status = await r.json()
+    return records, status
 
 
 def main() -> None:
@@ -60,14 +63,23 @@ def main() -> None:
     proc = start_server(port, args.policy)
     try:
         asyncio.run(wait_ready(url, proc))
-        records, scale = asyncio.run(
+        records, status = asyncio.run(
             drive(url, args.rate, args.duration, args.deadline_ms, args.seed)
         )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     real = summary(records, args.duration)
-    profiles = [scaled(load_profile(profile_path(BUNDLED_PROFILES, m)), scale) for m in DEMO_APPS]
+    decode_ms = status["decode_ms"] or 0.0
+    profiles = [
+        with_entry_cost(
+            scaled_stages(
+                load_profile(profile_path(BUNDLED_PROFILES, m)), status["stage_scales"][m]
+            ),
+            decode_ms,
+        )
+        for m in DEMO_APPS
+    ]
     d = Deployment(profiles)
     w = Workload(
         tuple(r.due_s * 1000.0 for r in records),
@@ -78,7 +90,8 @@ def main() -> None:
     simulated = summarise(simulate(d, make_policy(args.policy), w))
     print(
         f"{args.policy}, {len(records)} requests at {args.rate:g} req/s, deadline {args.deadline_ms:g} ms; "
-        f"profiles x{scale:.2f} (the server's measured time_scale)"
+        f"profiles x{status['time_scale']:.2f} on average (the server's stage_scales), "
+        f"decode {decode_ms:.1f} ms a sample"
     )
     print(f"{'':<10} {'on-time':>8} {'mean ms':>9}")
     print(f"{'server':<10} {real['on_time_ratio']:>8.3f} {real['mean_ms']:>9.1f}")

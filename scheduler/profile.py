@@ -149,9 +149,16 @@ def coarsen(profile: Profile, parts: int) -> Profile:
 
 def scaled(profile: Profile, factor: float) -> Profile:
     """The profile with every latency multiplied by `factor` (a machine `factor` times slower)."""
+    return scaled_stages(profile, [factor] * profile.num_stages)
+
+
+def scaled_stages(profile: Profile, factors: Sequence[float]) -> Profile:
+    """The profile with stage k's latencies multiplied by `factors[k]` (one factor per stage)."""
+    if len(factors) != profile.num_stages:
+        raise ValueError(f"{len(factors)} factors for {profile.num_stages} stages")
     stages = tuple(
-        dataclasses.replace(s, latency_ms=tuple(x * factor for x in s.latency_ms))
-        for s in profile.stages
+        dataclasses.replace(s, latency_ms=tuple(x * f for x in s.latency_ms))
+        for s, f in zip(profile.stages, factors, strict=True)
     )
     return dataclasses.replace(profile, stages=stages)
 

@@ -14,9 +14,11 @@ once on the loop; if a new plan no longer starts with the running step, the step
 its next stage boundary (exit check). When the plan has no valid next piece, plan first.
 
 Profiles are measured on an idle machine; a serving machine also decodes, parses and plans, so
-its stages run slower. The runtime compares every completed step's measured time (read on the
-executor thread) with its profiled time (EWMA) and, when the two drift apart by more than 15%,
-plans with the profiles rescaled by the measured factor (`time_scale` in /v1/status). Decodes on
+its stages run slower, and not all by the same factor. The runtime compares every completed
+step's measured time (read on the executor thread) with its stages' profiled times, keeps a factor
+per stage (EWMAs, `server.calibration`) and, when one drifts by more than 15% from the factor the
+plans carry, plans with each stage's profile rescaled by its own factor (`stage_scales` in
+/v1/status; `time_scale` is their time-weighted mean). Decodes on
 the executor thread are device time per request, not per stage: their measured mean (EWMA,
 `decode_ms`) is added per sample to each model's first stage instead. Deadlines are judged
 against what this machine really does, and count from when a request was received, before its
@@ -53,9 +55,10 @@ from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
 from scheduler.policies import make_policy
-from scheduler.profile import scaled, with_entry_cost
+from scheduler.profile import scaled_stages, with_entry_cost
 from scheduler.state import SchedulerState
 from scheduler.types import Action, Request, Step
+from server.calibration import StageCalibration
 from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
@@ -65,7 +68,7 @@ from server.wire import InferRequest
 Clock = Callable[[], float]  # milliseconds, monotonic
 SWITCH_INTERVAL_S = 0.0005
 CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
-CALIBRATION_EVERY = 25  # steps between checks
+CALIBRATION_EVERY = 25  # steps between checks (after the first CALIBRATION_EVERY, each checked)
 CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
 
 
@@ -122,8 +125,10 @@ class Runtime:
         self.time_scale = 1.0
         self.decode_ms: float | None = None  # EWMA of decodes on the executor thread
         self._entry_ms = 0.0  # the decode_ms the plans' profiles carry
-        self._measured: tuple[float, float] | None = None  # EWMA of (measured, profiled) ms
-        self._steps_since_check = 0
+        self._calibration = StageCalibration(CALIBRATION_WEIGHT)
+        # the factor per stage that the plans' profiles carry, per model
+        self.stage_scales = {m: (1.0,) * p.num_stages for m, p in self.base_profiles.items()}
+        self._steps_calibrated = 0
         self.models = dict(models)
         self.executor = Executor(deployment, models, channels_last=channels_last)
         self.memory_bytes = memory_bytes  # activation budget (stacking stays within it)
@@ -439,13 +444,13 @@ class Runtime:
         if progress.cancelled:
             self.metrics.preempted += 1
         elif done and progress.batch_size:  # the stages' time against the base profile (no decodes)
-            k0, b = action.stages[0], progress.batch_size
-            base = self.base_profiles[action.model]
-            profiled = sum(base.latency_ms(k, b) for k in range(k0, k0 + done))
-            self.metrics.step_ratio.observe(
-                (ended - started) / max(profiled * self.time_scale, 1e-6)
-            )
-            self._calibrate(ended - started, profiled)
+            model, k0, b = action.model, action.stages[0], progress.batch_size
+            base = self.base_profiles[model]
+            profiled = [base.latency_ms(k, b) for k in range(k0, k0 + done)]
+            scales = self.stage_scales[model][k0 : k0 + done]
+            planned = sum(p * f for p, f in zip(profiled, scales, strict=True))
+            self.metrics.step_ratio.observe((ended - started) / max(planned, 1e-6))
+            self._calibrate(model, k0, profiled, ended - started)
         self._account(progress, ended - started, self.engine.finish(done))
 
     def _run_timed(
@@ -510,33 +515,37 @@ class Runtime:
             if r.id in progress.finished:
                 self._answer(r.id, "ok", output=progress.finished[r.id])
 
-    def _calibrate(self, measured_ms: float, profiled_ms: float) -> None:
-        """Fold in one step's measured and base-profile times (EWMAs of each, so the factor is
-        time-weighted: short steps, dominated by fixed costs, do not outweigh long ones);
-        rescale the plans' profiles when the factor has drifted from the one in use."""
+    def _calibrate(
+        self, model: str, first_stage: int, profiled_ms: list[float], measured_ms: float
+    ) -> None:
+        """Fold in one step's measured time and its stages' base-profile times
+        (`server.calibration`); after each of the first CALIBRATION_EVERY steps (a new server
+        learns fast how this machine runs), then every CALIBRATION_EVERY steps, rescale the plans'
+        profiles when a stage's factor or the decode time has drifted from the one they carry."""
         if not self.calibrate:
             return
-        if self._measured is None:
-            self._measured = (measured_ms, profiled_ms)
-        else:
-            m, p = self._measured
-            w = CALIBRATION_WEIGHT
-            self._measured = (m + w * (measured_ms - m), p + w * (profiled_ms - p))
-        self._steps_since_check += 1
-        if self._steps_since_check < CALIBRATION_EVERY:
+        self._calibration.observe(model, first_stage, profiled_ms, measured_ms)
+        self._steps_calibrated += 1
+        n = self._steps_calibrated
+        if n > CALIBRATION_EVERY and n % CALIBRATION_EVERY:
             return
-        self._steps_since_check = 0
-        factor = self._measured[0] / self._measured[1]
+        scales = {
+            m: self._calibration.factors(m, p.num_stages) for m, p in self.base_profiles.items()
+        }
+        drifted = any(
+            abs(new / old - 1.0) > CALIBRATION_DRIFT
+            for m, fs in scales.items()
+            for new, old in zip(fs, self.stage_scales[m], strict=True)
+        )
         entry_ms = self.decode_ms or 0.0
-        if abs(factor / self.time_scale - 1.0) > CALIBRATION_DRIFT or abs(
-            entry_ms - self._entry_ms
-        ) > CALIBRATION_DRIFT * max(self._entry_ms, 1.0):
+        if drifted or abs(entry_ms - self._entry_ms) > CALIBRATION_DRIFT * max(self._entry_ms, 1.0):
             d = self.deployment
-            profiles = [with_entry_cost(scaled(p, factor), entry_ms)
-                        for p in self.base_profiles.values()]  # fmt: skip
+            profiles = [with_entry_cost(scaled_stages(p, scales[m]), entry_ms)
+                        for m, p in self.base_profiles.items()]  # fmt: skip
             self.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
             self.engine.rebase(self.deployment)
-            self.time_scale, self._entry_ms = factor, entry_ms
+            self.stage_scales, self._entry_ms = scales, entry_ms
+            self.time_scale = self._calibration.overall()
             self._estimates.clear()
 
     def _record_plans(self) -> None:
@@ -610,6 +619,7 @@ class Runtime:
             },
             "store_bytes": self.executor.store.nbytes(),
             "time_scale": round(self.time_scale, 3),
+            "stage_scales": {m: [round(f, 3) for f in fs] for m, fs in self.stage_scales.items()},
             "decode_threads": self.decode_threads,
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
             "failure": self.failure,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from scheduler.deployment import Deployment
 from scheduler.errors import InputError
-from scheduler.profile import load_profile, parse_profile, with_entry_cost
+from scheduler.profile import load_profile, parse_profile, scaled, scaled_stages, with_entry_cost
 from tests.sim_cases import PPIPE_TIMING, SHIPPED_PROFILES, profile_doc, write_json
 
 # the GPU profiles converted from PPipe (the *-cpu.json ones are measured: tests/test_layerexec_misc.py)
@@ -383,3 +383,18 @@ def test_an_entry_cost_is_added_per_sample_to_the_first_stage_only() -> None:
         assert q.latency_ms(0, b) == pytest.approx(p.latency_ms(0, b) + 1.5 * b)
         assert q.latency_ms(1, b) == p.latency_ms(1, b)
     assert with_entry_cost(p, 0.0) is p
+
+
+# --- rescaled to what a machine measures (server/calibration.py) -------------------------------
+def test_each_stage_is_rescaled_by_its_own_factor() -> None:
+    p = parse_profile(profile_doc([[4.0, 6.0, 12.0], [1.0, 2.0, 3.0]], batch_sizes=(2, 4, 8)))
+    q = scaled_stages(p, [2.0, 0.5])
+    for b in range(1, 13):
+        assert q.latency_ms(0, b) == pytest.approx(2.0 * p.latency_ms(0, b))
+        assert q.latency_ms(1, b) == pytest.approx(0.5 * p.latency_ms(1, b))
+    one = scaled(p, 1.5)
+    assert [one.latency_ms(k, 3) for k in (0, 1)] == pytest.approx(
+        [1.5 * p.latency_ms(k, 3) for k in (0, 1)]
+    )
+    with pytest.raises(ValueError, match="1 factors for 2 stages"):
+        scaled_stages(p, [2.0])

@@ -361,6 +361,9 @@ async def test_status_shows_policy_queue_per_stage_and_counters(aiohttp_client: 
     assert doc["accepting"] is True
     assert doc["queued"] == 0 and doc["queue"] == {} and doc["running"] is None
     assert doc["time_scale"] == 1.0
+    assert doc["stage_scales"] == {
+        m: [1.0] * runtime.base_profiles[m].num_stages for m in (CIFAR, FACES)
+    }
     assert doc["decode_threads"] == 1 and doc["decode_ms"] is None  # decodes beside: not timed
     assert doc["counters"] == {
         "answered": {},
@@ -737,14 +740,43 @@ def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> 
     base = runtime.base_profiles[CIFAR]
     runtime._observe_decode(2.0)
     runtime._observe_decode(2.0)
+    stages_ms = [base.latency_ms(k, 1) for k in range(base.num_stages)]
     for _ in range(CALIBRATION_EVERY):
-        runtime._calibrate(10.0, 10.0)  # stages as profiled
+        runtime._calibrate(CIFAR, 0, stages_ms, sum(stages_ms))  # stages as profiled
     assert runtime.time_scale == pytest.approx(1.0)
     d = runtime.deployment
     for b in (1, 4):
         assert d.latency_ms(CIFAR, 0, b) == pytest.approx(base.latency_ms(0, b) + 2.0 * b)
         assert d.latency_ms(CIFAR, 1, b) == pytest.approx(base.latency_ms(1, b))
     assert runtime.engine.deployment is d
+
+
+def test_plans_carry_each_stages_own_measured_factor() -> None:
+    """Steps of the first stage measured at twice its profile and of the rest as profiled: the
+    plans' first stage doubles at every batch size, the rest stay, and /v1/status says so
+    (`time_scale` the time-weighted mean)."""
+    from server.runtime import CALIBRATION_EVERY
+
+    runtime = build([CIFAR], decode_threads=0)
+    runtime.calibrate = True
+    base = runtime.base_profiles[CIFAR]
+    n = base.num_stages
+    first_ms, rest_ms = base.latency_ms(0, 2), [base.latency_ms(k, 2) for k in range(1, n)]
+    runtime._calibrate(CIFAR, 0, [first_ms], 2.0 * first_ms)  # a new server uses its first step
+    assert runtime.deployment.latency_ms(CIFAR, 0, 1) == pytest.approx(2.0 * base.latency_ms(0, 1))
+    for _ in range(CALIBRATION_EVERY):
+        runtime._calibrate(CIFAR, 0, [first_ms], 2.0 * first_ms)
+        runtime._calibrate(CIFAR, 1, rest_ms, sum(rest_ms))
+    d = runtime.deployment
+    assert runtime.engine.deployment is d
+    for b in (1, 4):
+        assert d.latency_ms(CIFAR, 0, b) == pytest.approx(2.0 * base.latency_ms(0, b))
+        for k in range(1, n):
+            assert d.latency_ms(CIFAR, k, b) == pytest.approx(base.latency_ms(k, b))
+    doc = runtime.status()
+    assert doc["stage_scales"] == {CIFAR: [2.0] + [1.0] * (n - 1)}
+    whole_ms = first_ms + sum(rest_ms)
+    assert doc["time_scale"] == pytest.approx((whole_ms + first_ms) / whole_ms, abs=1e-3)
 
 
 # --- a fault in the scheduler ------------------------------------------------------------------
