@@ -5,9 +5,12 @@ One run: `layerbatch serve` in a child process on loopback, driven by the built-
 (real video frames as JPEG) at Poisson arrivals; then the simulator replays exactly those arrivals
 (times and apps) with the same policy, deadline and the profiles the server plans with: each
 stage rescaled by the factor it measured between its steps' real and profiled times
-(`stage_scales`), and its measured decode time (`decode_ms`) as work per sample of each model's
-first stage when it decodes on the executor thread.
-Prints both sides and the differences.
+(`stage_scales`), and its measured decode time (`decode_ms`): as work per sample of each model's
+first stage when it decodes on the executor thread, else as a delay before a request reaches the
+scheduler (the simulator's requests arrive that much later with that much less time to their
+deadline, and it is added back to their completion times).
+Prints both sides, the differences, and where the server's served requests spent their time
+(from the timings in its answers).
 
     .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30]
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import statistics
 import sys
 from typing import Any
 
@@ -25,7 +29,7 @@ import numpy as np
 
 from client.demo import DEMO_APPS, free_port, start_server, wait_ready
 from client.frames import jpeg, video_frames
-from client.loadgen import run_load, summary
+from client.loadgen import Record, run_load, summary
 from scheduler import Deployment, load_profile, make_policy
 from scheduler.profile import scaled_stages, with_entry_cost
 from server.build import BUNDLED_PROFILES, profile_path
@@ -36,7 +40,7 @@ from sim.workload import Workload
 
 async def drive(
     url: str, rate: float, duration: float, deadline: float, seed: int
-) -> tuple[list, dict[str, Any]]:  # type: ignore[type-arg]
+) -> tuple[list[Record], dict[str, Any]]:
     frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         await run_load(
@@ -71,27 +75,30 @@ def main() -> None:
         proc.wait(timeout=60)
     real = summary(records, args.duration)
     decode_ms = status["decode_ms"] or 0.0
+    on_device = status["decode_threads"] == 0
     profiles = [
         with_entry_cost(
             scaled_stages(
                 load_profile(profile_path(BUNDLED_PROFILES, m)), status["stage_scales"][m]
             ),
-            decode_ms,
+            decode_ms if on_device else 0.0,
         )
         for m in DEMO_APPS
     ]
     d = Deployment(profiles)
+    delay_ms = 0.0 if on_device else decode_ms
     w = Workload(
-        tuple(r.due_s * 1000.0 for r in records),
+        tuple(r.due_s * 1000.0 + delay_ms for r in records),
         tuple(r.app for r in records),
-        args.deadline_ms,
+        args.deadline_ms - delay_ms,
         args.rate,
     )
     simulated = summarise(simulate(d, make_policy(args.policy), w))
+    simulated["mean_ms"] += delay_ms
     print(
         f"{args.policy}, {len(records)} requests at {args.rate:g} req/s, deadline {args.deadline_ms:g} ms; "
         f"profiles x{status['time_scale']:.2f} on average (the server's stage_scales), "
-        f"decode {decode_ms:.1f} ms a sample"
+        f"decode {decode_ms:.1f} ms a sample ({'device time' if on_device else 'beside, a delay'})"
     )
     print(f"{'':<10} {'on-time':>8} {'mean ms':>9}")
     print(f"{'server':<10} {real['on_time_ratio']:>8.3f} {real['mean_ms']:>9.1f}")
@@ -103,7 +110,27 @@ def main() -> None:
         f"difference: on-time {dpp:+.1f} points, mean {100 * dmean:+.1f}% -> "
         f"{'within' if ok else 'OUTSIDE'} the targets (5 points, 15%)"
     )
+    print(breakdown(records))
     sys.exit(0)
+
+
+def breakdown(records: list[Record]) -> str:
+    """Means over served requests, from the server's answers: received -> first step (queue),
+    inside steps (exec), the rest of the server's time (decode, waits between steps, hand-offs),
+    and the client's time around the server (HTTP, its own loop)."""
+    ok = [(r, r.server["timing"]) for r in records if r.status == "ok" and r.server is not None]
+    if not ok:
+        return "no request served"
+    t = {
+        k: statistics.mean(timing[k] for _, timing in ok)
+        for k in ("queue_ms", "exec_ms", "total_ms")
+    }
+    client = statistics.mean(r.total_ms for r, _ in ok)
+    rest = t["total_ms"] - t["queue_ms"] - t["exec_ms"]
+    return (
+        f"server's time, mean ms: queue {t['queue_ms']:.1f}, in steps {t['exec_ms']:.1f}, "
+        f"decode and between steps {rest:.1f}; client around the server {client - t['total_ms']:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ per stage (EWMAs, `server.calibration`) and, when one drifts by more than 15% fr
 plans carry, plans with each stage's profile rescaled by its own factor (`stage_scales` in
 /v1/status; `time_scale` is their time-weighted mean). Decodes on
 the executor thread are device time per request, not per stage: their measured mean (EWMA,
-`decode_ms`) is added per sample to each model's first stage instead. Deadlines are judged
+`decode_ms`, measured wherever decodes run) is added per sample to each model's first stage
+instead. Deadlines are judged
 against what this machine really does, and count from when a request was received, before its
 decode (which may wait behind a step).
 
@@ -123,7 +124,7 @@ class Runtime:
         self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
         self.time_scale = 1.0
-        self.decode_ms: float | None = None  # EWMA of decodes on the executor thread
+        self.decode_ms: float | None = None  # EWMA of decodes (on whichever thread)
         self._entry_ms = 0.0  # the decode_ms the plans' profiles carry
         self._calibration = StageCalibration(CALIBRATION_WEIGHT)
         # the factor per stage that the plans' profiles carry, per model
@@ -235,13 +236,8 @@ class Runtime:
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
-            if self.decode_threads == 0:  # on the executor thread: device time (module doc)
-                tensor, took_ms = await loop.run_in_executor(
-                    self._decode_pool, self._decode_timed, req
-                )
-                self._observe_decode(took_ms)
-            else:
-                tensor = await loop.run_in_executor(self._decode_pool, self._decode, req)
+            tensor, took_ms = await loop.run_in_executor(self._decode_pool, self._decode_timed, req)
+            self._observe_decode(took_ms)
         finally:
             self._admitting -= 1
         if self.failure is not None:  # the runner failed while this request was decoded
@@ -350,7 +346,7 @@ class Runtime:
         return tensor, self.clock() - started
 
     def _observe_decode(self, took_ms: float) -> None:
-        """Fold one decode's time on the executor thread into `decode_ms` (EWMA)."""
+        """Fold one decode's time into `decode_ms` (EWMA)."""
         if self.decode_ms is None:
             self.decode_ms = took_ms
         else:
@@ -537,7 +533,8 @@ class Runtime:
             for m, fs in scales.items()
             for new, old in zip(fs, self.stage_scales[m], strict=True)
         )
-        entry_ms = self.decode_ms or 0.0
+        # decodes are device time only on the executor thread (module doc)
+        entry_ms = (self.decode_ms or 0.0) if self.decode_threads == 0 else 0.0
         if drifted or abs(entry_ms - self._entry_ms) > CALIBRATION_DRIFT * max(self._entry_ms, 1.0):
             d = self.deployment
             profiles = [with_entry_cost(scaled_stages(p, scales[m]), entry_ms)

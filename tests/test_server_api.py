@@ -364,7 +364,7 @@ async def test_status_shows_policy_queue_per_stage_and_counters(aiohttp_client: 
     assert doc["stage_scales"] == {
         m: [1.0] * runtime.base_profiles[m].num_stages for m in (CIFAR, FACES)
     }
-    assert doc["decode_threads"] == 1 and doc["decode_ms"] is None  # decodes beside: not timed
+    assert doc["decode_threads"] == 1 and doc["decode_ms"] is None  # no decode yet
     assert doc["counters"] == {
         "answered": {},
         "on_time": {},
@@ -749,6 +749,30 @@ def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> 
         assert d.latency_ms(CIFAR, 0, b) == pytest.approx(base.latency_ms(0, b) + 2.0 * b)
         assert d.latency_ms(CIFAR, 1, b) == pytest.approx(base.latency_ms(1, b))
     assert runtime.engine.deployment is d
+
+
+@pytest.mark.asyncio
+async def test_decodes_beside_are_timed_but_not_planned_as_device_time(aiohttp_client: Any) -> None:
+    """With a decode thread beside torch, decodes are still timed (`decode_ms`: a delay before a
+    request reaches the scheduler) but the plans' first stages carry no decode work."""
+    from server.runtime import CALIBRATION_EVERY
+
+    runtime = build([CIFAR], decode_threads=1)
+    client = await serve(aiohttp_client, runtime)
+    status, answer = await infer(client, infer_doc(small_jpeg(0), request_id="a"))
+    assert status == 200
+    check_ok_answer(answer, "a")
+    status, doc = await get_json(client, "/v1/status")
+    assert doc["decode_ms"] is not None and doc["decode_ms"] > 0
+    runtime.calibrate = True
+    base = runtime.base_profiles[CIFAR]
+    stages_ms = [base.latency_ms(k, 1) for k in range(base.num_stages)]
+    for _ in range(CALIBRATION_EVERY):
+        runtime._calibrate(CIFAR, 0, stages_ms, 1.5 * sum(stages_ms))
+    for b in (1, 4):  # rescaled by the measured factor, no decode added
+        assert runtime.deployment.latency_ms(CIFAR, 0, b) == pytest.approx(
+            1.5 * base.latency_ms(0, b)
+        )
 
 
 def test_plans_carry_each_stages_own_measured_factor() -> None:
