@@ -51,7 +51,19 @@ async def drive(
         )
         async with s.get(f"{url}/v1/status", headers={"Accept": "application/json"}) as r:
             status = await r.json()
+        async with s.get(f"{url}/metrics") as r:
+            status["step_ratio_mean"] = step_ratio_mean(await r.text())
     return records, status
+
+
+def step_ratio_mean(metrics: str) -> float | None:
+    """Mean measured / planned time of the server's steps, from its /metrics text."""
+    values = {}
+    for line in metrics.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"layerbatch_step_time_ratio_{part}"):
+                values[part] = float(line.split()[-1])
+    return values["sum"] / values["count"] if values.get("count") else None
 
 
 def main() -> None:
@@ -111,6 +123,9 @@ def main() -> None:
         f"{'within' if ok else 'OUTSIDE'} the targets (5 points, 15%)"
     )
     print(breakdown(records))
+    ratio = status["step_ratio_mean"]
+    if ratio is not None:
+        print(f"the server's steps took {ratio:.2f}x their planned time on average")
     sys.exit(0)
 
 
