@@ -123,6 +123,10 @@ def main() -> None:
         f"{'within' if ok else 'OUTSIDE'} the targets (5 points, 15%)"
     )
     print(breakdown(records))
+    c = status["counters"]
+    print(
+        f"server: {c['preempted']} steps preempted, {c['stacked']} stacked; simulator: utilisation {simulated['utilisation']}"
+    )
     ratio = status["step_ratio_mean"]
     if ratio is not None:
         print(f"the server's steps took {ratio:.2f}x their planned time on average")
