@@ -129,9 +129,14 @@ def results(
     return rows
 
 
+def crossings(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each policy's crossing of the threshold, or its capacity where no crossing was bracketed."""
+    return {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
+
+
 def gain(rows: Sequence[dict[str, Any]]) -> float | None:
     """dp-tardy's crossing (or capacity) over the best other policy's."""
-    at = {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
+    at = crossings(rows)
     best = max((v for p, v in at.items() if p != "dp-tardy"), default=0.0)
     return round(at["dp-tardy"] / best, 2) if best and at.get("dp-tardy") else None
 
@@ -171,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 on_time = sweep(d, model, arrival, deadline, n, a.seed, trace)
                 these = results(model, arrival, deadline, on_time)
                 rows += these
-                at = {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in these}
+                at = crossings(these)
                 ratio = gain(these)
                 row = {"model": model, "deadline_ms": deadline, "arrival": arrival}
                 table.append({**row, "crossing_rps": at, "gain": ratio})
