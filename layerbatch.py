@@ -875,7 +875,13 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         doc["stacking"] = {
             m: {
                 "batch": 1,
-                "slowdown": stacking_slowdown(model, zoo.load_model(m), time.perf_counter),
+                "slowdown": stacking_slowdown(
+                    model,
+                    zoo.load_model(m),
+                    time.perf_counter,
+                    device=ns.device,
+                    channels_last=not ns.no_channels_last,
+                ),
             }
             for m in others
         }

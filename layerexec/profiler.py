@@ -12,6 +12,7 @@ The clock is passed in (`timer`, seconds), so this module reads none itself.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 from collections.abc import Callable, Sequence
@@ -26,8 +27,10 @@ Timer = Callable[[], float]
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the work queued on the current CUDA stream (only that stream: a model stacked
+    beside on a stream of its own is not waited for); nothing on a CPU."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _prepare(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
@@ -140,20 +143,33 @@ def _max_diff(a: Any, b: Any) -> float:
 
 
 def stacking_slowdown(
-    a: StagedModel, b: StagedModel, timer: Timer, batch: int = 1, runs: int = 5, seed: int = 0
+    a: StagedModel,
+    b: StagedModel,
+    timer: Timer,
+    batch: int = 1,
+    runs: int = 5,
+    seed: int = 0,
+    device: str = "cpu",
+    channels_last: bool = False,
 ) -> float:
     """How much longer a whole forward of `a` takes while `b` runs forwards in another thread
-    (paper 002 section 2.2): median with b / median alone. On a CPU the two threads share the
-    intra-op threads."""
+    (paper 002 section 2.2): median with b / median alone. Both models are moved to `device`
+    (in place). On a CPU the two threads share the intra-op threads; on a GPU each runs on a
+    CUDA stream of its own, as the executor stacks them (`Executor.run_stacked`)."""
+    dev = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
-    xa = torch.rand(batch, *a.spec.input_shape, generator=gen)
-    xb = torch.rand(batch, *b.spec.input_shape, generator=gen)
+    xa = _prepare(torch.rand(batch, *a.spec.input_shape, generator=gen), dev, channels_last)
+    xb = _prepare(torch.rand(batch, *b.spec.input_shape, generator=gen), dev, channels_last)
+    a.to(dev, channels_last)
+    b.to(dev, channels_last)
 
     def time_a() -> float:
         times = []
         for _ in range(runs):
+            _sync(dev)
             t0 = timer()
             a.run(xa)
+            _sync(dev)
             times.append(timer() - t0)
         return statistics.median(times)
 
@@ -162,8 +178,10 @@ def stacking_slowdown(
     stop = threading.Event()
 
     def loop_b() -> None:
-        while not stop.is_set():
-            b.run(xb)
+        with _own_stream(dev):
+            while not stop.is_set():
+                b.run(xb)
+                _sync(dev)
 
     other = threading.Thread(target=loop_b, daemon=True)
     other.start()
@@ -173,3 +191,10 @@ def stacking_slowdown(
         stop.set()
         other.join()
     return round(together / alone, 3)
+
+
+def _own_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """A new CUDA stream made current on a GPU; nothing on a CPU."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))
