@@ -117,6 +117,12 @@ def parser() -> argparse.ArgumentParser:
         "--requests", type=_positive_int, default=5000, help="number of requests (default 5000)"
     )
     sim.add_argument(
+        "--step-gap-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
+    )
+    sim.add_argument(
         "--time-plans",
         action="store_true",
         help="measure planning time (wall clock; output no longer byte-identical)",
@@ -674,6 +680,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         make_policy(ns.policy, exact=ns.exact),
         w,
         timer=time.perf_counter if ns.time_plans else None,
+        step_gap_ms=ns.step_gap_ms,
     )
     s = summarise(out)
     if ns.json:

@@ -8,7 +8,8 @@ stage rescaled by the factor it measured between its steps' real and profiled ti
 (`stage_scales`), and its measured decode time (`decode_ms`): as work per sample of each model's
 first stage when it decodes on the executor thread, else as a delay before a request reaches the
 scheduler (the simulator's requests arrive that much later with that much less time to their
-deadline, and it is added back to their completion times).
+deadline, and it is added back to their completion times); and its measured hand-off between
+two steps (`step_gap_ms`), which the simulated device waits after every step.
 Prints both sides, the differences, and where the server's served requests spent their time
 (from the timings in its answers).
 
@@ -105,12 +106,16 @@ def main() -> None:
         args.deadline_ms - delay_ms,
         args.rate,
     )
-    simulated = summarise(simulate(d, make_policy(args.policy), w))
+    gap_ms = status["step_gap_ms"] or 0.0
+    simulated = summarise(simulate(d, make_policy(args.policy), w, step_gap_ms=gap_ms))
     simulated["mean_ms"] += delay_ms
+    if simulated["queue_ms_mean"] is not None:
+        simulated["queue_ms_mean"] += delay_ms  # the server's queue counts from reception
     print(
         f"{args.policy}, {len(records)} requests at {args.rate:g} req/s, deadline {args.deadline_ms:g} ms; "
         f"profiles x{status['time_scale']:.2f} on average (the server's stage_scales), "
-        f"decode {decode_ms:.1f} ms a sample ({'device time' if on_device else 'beside, a delay'})"
+        f"decode {decode_ms:.1f} ms a sample ({'device time' if on_device else 'beside, a delay'}), "
+        f"{gap_ms:.2f} ms between steps"
     )
     print(f"{'':<10} {'on-time':>8} {'mean ms':>9}")
     print(f"{'server':<10} {real['on_time_ratio']:>8.3f} {real['mean_ms']:>9.1f}")
@@ -123,6 +128,11 @@ def main() -> None:
         f"{'within' if ok else 'OUTSIDE'} the targets (5 points, 15%)"
     )
     print(breakdown(records))
+    print(
+        f"simulator's time, mean ms: queue {simulated['queue_ms_mean']:.1f}, "
+        f"in steps {simulated['in_steps_ms_mean']:.1f}, between steps "
+        f"{simulated['mean_ms'] - simulated['queue_ms_mean'] - simulated['in_steps_ms_mean']:.1f}"
+    )
     c = status["counters"]
     print(
         f"server: {c['preempted']} steps preempted, {c['stacked']} stacked; simulator: utilisation {simulated['utilisation']}"

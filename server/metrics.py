@@ -9,6 +9,7 @@ from collections.abc import Sequence
 COMPLETION_BUCKETS_MS = (5, 10, 20, 50, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_BUCKETS_US = (50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000)
+GAP_BUCKETS_MS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 RATIO_BUCKETS = (0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
@@ -47,6 +48,8 @@ class Metrics:
         self.plan = Histogram(PLAN_BUCKETS_US)
         # measured / profiled time of every completed step: how well the profiles fit this machine
         self.step_ratio = Histogram(RATIO_BUCKETS)
+        # the executor's idle time between a step and the next, when the next was ready at once
+        self.step_gap = Histogram(GAP_BUCKETS_MS)
         self.preempted = 0
         self.stacked = 0  # actions run beside another (stacking)
 
@@ -85,6 +88,8 @@ class Metrics:
         lines += self.plan.lines("layerbatch_plan_us", "")
         lines.append("# TYPE layerbatch_step_time_ratio histogram")
         lines += self.step_ratio.lines("layerbatch_step_time_ratio", "")
+        lines.append("# TYPE layerbatch_step_gap_ms histogram")
+        lines += self.step_gap.lines("layerbatch_step_gap_ms", "")
         lines.append("# TYPE layerbatch_queued gauge")
         for (model, k), n in sorted(queue.items()):
             lines.append(f'layerbatch_queued{{model="{model}",stage="{k}"}} {n}')

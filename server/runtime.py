@@ -9,7 +9,11 @@ torch's parallel ops until the core it took comes back (measured here: with one 
 2-thread resnet18 forward took 25x as long), while in turn a decode costs just its own time. The
 runner repeats the runtime step: read the clock once, run the next piece of the newest plan up to
 the next layer-group boundary on the executor thread, and re-plan while it runs (paper 003 section
-4.1: planning concurrent with execution); hand back how far it got. An arrival also re-plans at
+4.1: planning concurrent with execution); hand back how far it got. Between two steps the loop
+does only what the next step needs (the engine takes back the last one, the next is handed out);
+answers, metrics, calibration and the re-plan wait until the executor thread has started it, as
+each step costs the device the time it waits for the loop (measured here, mobilenet_v2 among the
+demo's models: 1.0 ms a step of 5.5 ms with the bookkeeping first, 0.5 ms after). An arrival also re-plans at
 once on the loop; if a new plan no longer starts with the running step, the step is cancelled at
 its next stage boundary (exit check). When the plan has no valid next piece, plan first.
 
@@ -125,6 +129,7 @@ class Runtime:
         self.calibrate = calibrate
         self.time_scale = 1.0
         self.decode_ms: float | None = None  # EWMA of decodes (on whichever thread)
+        self.step_gap_ms: float | None = None  # EWMA of the hand-offs between steps (_run)
         self._entry_ms = 0.0  # the decode_ms the plans' profiles carry
         self._calibration = StageCalibration(CALIBRATION_WEIGHT)
         # the factor per stage that the plans' profiles carry, per model
@@ -347,10 +352,7 @@ class Runtime:
 
     def _observe_decode(self, took_ms: float) -> None:
         """Fold one decode's time into `decode_ms` (EWMA)."""
-        if self.decode_ms is None:
-            self.decode_ms = took_ms
-        else:
-            self.decode_ms += CALIBRATION_WEIGHT * (took_ms - self.decode_ms)
+        self.decode_ms = _ewma(self.decode_ms, took_ms)
 
     def _decode(self, req: InferRequest) -> torch.Tensor:
         if req.jpeg is not None:
@@ -384,17 +386,23 @@ class Runtime:
             self._kick.set()
 
     async def _run(self) -> None:
+        """Start steps while the plan has one. The device waits for the loop as little as it
+        can: the engine takes back what a step did and the next step is handed to the executor
+        thread first; the rest (answers, metrics, calibration) and the re-plan that follows a
+        continued step run on the loop once that thread has started the next step (`_Later`),
+        so they neither delay the hand-off nor hold the GIL the thread needs to start it."""
         assert self._kick is not None and self._idle is not None
         loop = asyncio.get_running_loop()
         while True:
             await self._kick.wait()
             self._kick.clear()
+            later, after_ms = _Later(), None
             while self.engine.running is None:
                 now = self.clock()
                 # the plan's next piece starts at once; the re-plan runs while it executes
                 step = self.engine.continue_step(now)
                 if step is not None:
-                    loop.call_soon(self._replan_now)
+                    later.add(self._replan_now)
                 else:
                     step, wake, drops = self.engine.next_step(now)
                     self._record_plans()
@@ -402,22 +410,35 @@ class Runtime:
                     self._arm_deadline_timer()
                     self._start_beside()
                 if step is None:
+                    later()
                     if wake is not None:
                         loop.call_later(max(0.0, (wake - now) / 1000.0), self._wake)
                     break
                 self._idle.clear()
-                await self._execute(step, loop)
+                later, after_ms = await self._execute(step, loop, later, after_ms)
                 self._idle.set()
+            later()
 
-    async def _execute(self, step: Step, loop: asyncio.AbstractEventLoop) -> None:
+    async def _execute(
+        self,
+        step: Step,
+        loop: asyncio.AbstractEventLoop,
+        at_start: _Later,
+        after_ms: float | None,
+    ) -> tuple[_Later, float | None]:
+        """Run `step` on the executor thread, `at_start` on the loop once it has started; the
+        engine takes back what it did. `after_ms`: when the step before it ended, if this one
+        was ready at once (the gap between them is the hand-off, `step_gap_ms`). Returns what
+        is left to do for it (see `_run`) and when it ended (None if it failed)."""
         action = step.action
         cancel = threading.Event()
         self._cancel = cancel
         try:
             started, ended, progress = await loop.run_in_executor(
-                self._exec_pool, self._run_timed, action, cancel.is_set
+                self._exec_pool, self._run_timed, action, cancel.is_set, at_start, loop
             )
         except Exception as exc:  # one action failed: fail its requests, keep serving the rest
+            at_start()
             ids = list(action.request_ids)
             self.engine.remove(ids)
             self.engine.finish(0)
@@ -429,9 +450,27 @@ class Runtime:
                     "error",
                     reason=f"running {action.model} stages {k0}..{k1 - 1} failed: {exc}",
                 )
-            return
+            return _Later(), None
         finally:
             self._cancel = None
+        finished = self.engine.finish(progress.stages_done)
+        gap_ms = None if after_ms is None else started - after_ms
+        return _Later(lambda: self._settle(progress, started, ended, finished, gap_ms)), ended
+
+    def _settle(
+        self,
+        progress: Progress,
+        started: float,
+        ended: float,
+        finished: list[Request],
+        gap_ms: float | None,
+    ) -> None:
+        """The bookkeeping of a step that ran: the hand-off before it, when its requests first
+        ran, the measured against the planned time (calibration), metrics and answers."""
+        if gap_ms is not None:
+            self.metrics.step_gap.observe(gap_ms)
+            self.step_gap_ms = _ewma(self.step_gap_ms, gap_ms)
+        action = progress.action
         for rid in action.request_ids:
             p = self.pending.get(rid)
             if p is not None and p.first_run_ms is None:
@@ -447,16 +486,22 @@ class Runtime:
             planned = sum(p * f for p, f in zip(profiled, scales, strict=True))
             self.metrics.step_ratio.observe((ended - started) / max(planned, 1e-6))
             self._calibrate(model, k0, profiled, ended - started)
-        self._account(progress, ended - started, self.engine.finish(done))
+        self._account(progress, ended - started, finished)
 
     def _run_timed(
-        self, action: Action, cancel: Callable[[], bool]
+        self,
+        action: Action,
+        cancel: Callable[[], bool],
+        at_start: _Later | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> tuple[float, float, Progress]:
         """`executor.run` on the executor thread, with the clock read there when it starts and
         ends: the step's own time, without the decodes queued before it on that thread (those
         are per request, not per stage: counting them would inflate the calibration) or the
-        hand-back to the loop."""
+        hand-back to the loop. `at_start` is handed to the loop as the step starts."""
         started = self.clock()
+        if at_start and loop is not None:
+            loop.call_soon_threadsafe(at_start)
         progress = self.executor.run(action, cancel, skip_dropped=True)
         return started, self.clock(), progress
 
@@ -619,5 +664,30 @@ class Runtime:
             "stage_scales": {m: [round(f, 3) for f in fs] for m, fs in self.stage_scales.items()},
             "decode_threads": self.decode_threads,
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
+            "step_gap_ms": None if self.step_gap_ms is None else round(self.step_gap_ms, 3),
             "failure": self.failure,
         }
+
+
+def _ewma(mean: float | None, value: float) -> float:
+    """`mean` moved towards `value` by CALIBRATION_WEIGHT (`value` itself if there is none)."""
+    return value if mean is None else mean + CALIBRATION_WEIGHT * (value - mean)
+
+
+class _Later:
+    """Callables to run once, in order, on the event loop: calling it runs those not yet run
+    (so a copy handed to the loop and a direct call never run one twice)."""
+
+    def __init__(self, *fns: Callable[[], None]) -> None:
+        self._fns = list(fns)
+
+    def add(self, fn: Callable[[], None]) -> None:
+        self._fns.append(fn)
+
+    def __bool__(self) -> bool:
+        return bool(self._fns)
+
+    def __call__(self) -> None:
+        fns, self._fns = self._fns, []
+        for fn in fns:
+            fn()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -31,12 +32,19 @@ def summarise(out: Outcome) -> dict[str, Any]:
         "p50_ms": _pct(lat, 50),
         "p95_ms": _pct(lat, 95),
         "p99_ms": _pct(lat, 99),
+        "queue_ms_mean": _mean(out.queue_ms, out.latency_ms),
+        "in_steps_ms_mean": _mean(out.in_steps_ms, out.latency_ms),
         "mean_batch": _r(float(np.mean(sizes))) if sizes else None,
         "mean_batch_per_stage": per_stage,
         "utilisation": _r(out.busy_ms / out.end_ms) if out.end_ms > 0 else None,
         "plan_us_p50": _pct(np.array(out.plan_us), 50),
         "plan_us_p99": _pct(np.array(out.plan_us), 99),
     }
+
+
+def _mean(per_request: Mapping[str, float], finished: Mapping[str, float]) -> float | None:
+    """Mean over the finished requests of a per-request time."""
+    return _stat(np.array([per_request[r] for r in finished], dtype=np.float64), np.mean)
 
 
 def _r(x: float) -> float:

@@ -9,7 +9,9 @@ re-plans at every arrival and after every step. When a plan made on an arrival n
 with the running step, the step stops at its next stage boundary, as the server's executor does
 at its exit check (`scheduler.engine`). A plan may put an action on a second lane beside the
 running step (stacking); while both lanes run, each is slowed by its profiled stacking slowdown
-(`sim.lanes`). Nothing here reads a clock except the optional `timer` used to measure planning
+(`sim.lanes`). With `step_gap_ms` the device starts no step sooner than that after the last one
+ended: a server's hand-off between steps (its /v1/status `step_gap_ms`), which a request pays at
+every step it waits through. Nothing here reads a clock except the optional `timer` used to measure planning
 time, which never changes what is simulated.
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
-from scheduler.types import Request, Scheduler
+from scheduler.types import Request, Scheduler, Step
 from sim.lanes import Lane, slowdown
 from sim.workload import Workload
 
@@ -36,6 +38,8 @@ class Outcome:
     policy: str
     workload: Workload
     latency_ms: dict[str, float] = field(default_factory=dict)  # finished requests
+    queue_ms: dict[str, float] = field(default_factory=dict)  # arrival -> its first step starts
+    in_steps_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     on_time: set[str] = field(default_factory=set)
     dropped: dict[str, str] = field(default_factory=dict)  # id -> reason
     batches: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(list))
@@ -51,6 +55,7 @@ def simulate(
     workload: Workload,
     timer: Callable[[], float] | None = None,
     keep_log: bool = False,
+    step_gap_ms: float = 0.0,
 ) -> Outcome:
     """Run `workload` through `policy` on one simulated device; see the module docstring."""
     engine = Engine(deployment, policy, timer)
@@ -65,6 +70,7 @@ def simulate(
         seq += 1
     heapq.heapify(heap)
     wake_at: float | None = None
+    free_at = float("-inf")  # the device starts no step before this (step_gap_ms after the last)
     token = 0  # identifies the live STEP_DONE event; a cancelled step's old one goes stale
     side_token = 0  # the same for BESIDE_DONE
     main: Lane | None = None
@@ -106,12 +112,15 @@ def simulate(
 
     def try_start(now: float) -> None:
         nonlocal wake_at, token, main, cut
+        if now < free_at:
+            return  # a wake-up at free_at starts it
         step, wake, drops = engine.next_step(now)
         record_drops(drops)
         if step is not None:
             a = step.action
             note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
             main, cut = Lane.start(step), None
+            started(step)
             token += 1
             push(step.end_ms, STEP_DONE, (token, len(step.stage_end_ms)))
             retime(now)
@@ -128,6 +137,7 @@ def simulate(
         a = step.action
         note(now, "stack", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
         side = Lane.start(step)
+        started(step)
         side_token += 1
         push(step.end_ms, BESIDE_DONE, (side_token, len(step.stage_end_ms)))
         retime(now)
@@ -144,6 +154,14 @@ def simulate(
             token += 1
             push(end, STEP_DONE, (token, done))
             note(now, "cut", f"{main.model} after {done} of {len(main.ends_ms)}")
+
+    def started(step: Step) -> None:
+        for rid in step.action.request_ids:
+            out.queue_ms.setdefault(rid, step.start_ms - arrival[rid])
+
+    def ran(lane: Lane, now: float) -> None:
+        for rid in lane.step.action.request_ids:
+            out.in_steps_ms[rid] += now - lane.step.start_ms
 
     def finished(now: float, requests: list[Request]) -> None:
         for r in requests:
@@ -163,11 +181,15 @@ def simulate(
             assert main is not None
             a = main.step.action
             out.busy_ms += now - main.step.start_ms
+            ran(main, now)
             for k in range(a.stages[0], a.stages[0] + done):
                 out.batches[(a.model, k)].append(a.batch_size)
             main = None
             finished(now, engine.finish(done))
             retime(now)
+            if step_gap_ms > 0:
+                free_at = now + step_gap_ms
+                push(free_at, WAKE, None)
             try_start(now)
         elif kind == BESIDE_DONE:
             assert isinstance(payload, tuple)
@@ -177,6 +199,7 @@ def simulate(
             out.end_ms = now
             assert side is not None
             a = side.step.action
+            ran(side, now)
             for k in range(a.stages[0], a.stages[0] + done):
                 out.batches[(a.model, k)].append(a.batch_size)
             side = None

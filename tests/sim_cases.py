@@ -36,6 +36,8 @@ SIM_KEYS = (
     "p50_ms",
     "p95_ms",
     "p99_ms",
+    "queue_ms_mean",
+    "in_steps_ms_mean",
     "mean_batch",
     "plan_us_p50",
     "plan_us_p99",

@@ -400,6 +400,19 @@ def test_sim_with_apps_and_mix(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert set(doc["mean_batch_per_stage"]) == {GOOGLENET, REPVGG}
 
 
+def test_sim_step_gap_slows_every_request(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("sim", "--profile", GOOGLENET_NAME, "--rate", "50", "--requests", "300", "--json")
+    code, out, _ = run_main(capsys, *args)
+    code_gap, out_gap, _ = run_main(capsys, *args, "--step-gap-ms", "2")
+    assert code == code_gap == 0
+    plain, gapped = json.loads(out), json.loads(out_gap)
+    assert (
+        gapped["mean_ms"] > plain["mean_ms"] and gapped["queue_ms_mean"] >= plain["queue_ms_mean"]
+    )
+    code, _, err = run_main(capsys, *args, "--step-gap-ms", "-1")
+    assert code == 2 and "--step-gap-ms" in err and "a finite number >= 0" in err
+
+
 def test_sim_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, *[a for a in SIM_ARGS if a != "--json"])
     assert code == 0

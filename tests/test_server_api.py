@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import itertools
 import json
 import re
 from typing import Any
@@ -365,6 +366,7 @@ async def test_status_shows_policy_queue_per_stage_and_counters(aiohttp_client: 
         m: [1.0] * runtime.base_profiles[m].num_stages for m in (CIFAR, FACES)
     }
     assert doc["decode_threads"] == 1 and doc["decode_ms"] is None  # no decode yet
+    assert doc["step_gap_ms"] is None  # no two steps yet
     assert doc["counters"] == {
         "answered": {},
         "on_time": {},
@@ -406,7 +408,8 @@ def metric(text: str, name: str, **labels: str) -> float:
     """The value of the one sample `name{labels}` in Prometheus text."""
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     prefix = f"{name}{{{want}}} " if labels else f"{name} "
-    hits = [line for line in text.splitlines() if line.startswith(prefix)]
+    lines = [line.replace("{} ", " ", 1) for line in text.splitlines()]  # `name{} v` is `name v`
+    hits = [line for line in lines if line.startswith(prefix)]
     assert len(hits) == 1, (prefix, hits)
     return float(hits[0][len(prefix) :])
 
@@ -728,6 +731,48 @@ def test_a_steps_measured_time_excludes_what_queued_before_it_on_the_executor_th
     started, ended, progress = step.result(timeout=30)
     assert started >= released_ms and ended >= started
     assert progress.stages_done == 1
+
+
+@pytest.mark.asyncio
+async def test_each_step_starts_before_the_loop_settles_the_one_before(
+    aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device does not wait for the loop's bookkeeping: of a request's steps, each after the
+    first has started on the executor thread before the loop settles the step before it
+    (answers, metrics, calibration, and the re-plan that follows)."""
+    runtime = build()
+    started: dict[tuple[int, int], float] = {}
+    ended: dict[tuple[int, int], float] = {}
+    settled: dict[tuple[int, int], float] = {}
+    run_timed, settle = runtime._run_timed, runtime._settle
+
+    def timed(action: Any, *args: Any) -> Any:
+        out = run_timed(action, *args)
+        started[action.stages], ended[action.stages] = out[0], out[1]
+        return out
+
+    def settling(progress: Any, *args: Any) -> None:
+        settled[progress.action.stages] = runtime.clock()
+        settle(progress, *args)
+
+    monkeypatch.setattr(runtime, "_run_timed", timed)
+    monkeypatch.setattr(runtime, "_settle", settling)
+    client = await serve(aiohttp_client, runtime)
+    status, answer, _ = await post(client, packb(infer_doc(small_jpeg())))
+    assert status == 200
+    check_ok_answer(answer)
+    steps = sorted(started)
+    assert len(steps) == CIFAR_GROUPS and sorted(settled) == steps
+    for before, after in itertools.pairwise(steps):
+        assert settled[before] >= started[after], (before, after)
+    # the hand-offs between them are what /metrics and /v1/status report as the step gap
+    gaps = [started[after] - ended[before] for before, after in itertools.pairwise(steps)]
+    async with client.get("/metrics") as resp:
+        text = await resp.text()
+    assert metric(text, "layerbatch_step_gap_ms_count") == len(gaps)
+    assert metric(text, "layerbatch_step_gap_ms_sum") == pytest.approx(sum(gaps), abs=1e-3)
+    assert all(g >= 0 for g in gaps)
+    assert min(gaps) <= runtime.status()["step_gap_ms"] <= max(gaps)
 
 
 def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> None:

@@ -92,6 +92,23 @@ def test_exact_event_log_nobatch(tiny: Deployment) -> None:
     assert out.dropped == {}
     assert out.busy_ms == pytest.approx(90.0)
     assert out.end_ms == 130.0
+    # q1 waits for q0's two stages; each request spends its two stages' time in steps
+    assert out.queue_ms == {"q0": 0.0, "q1": 25.0, "q2": 0.0}
+    assert out.in_steps_ms == {"q0": 30.0, "q1": 30.0, "q2": 30.0}
+
+
+def test_a_step_gap_idles_the_device_after_every_step(tiny: Deployment) -> None:
+    """nobatch with 1 ms between steps, by hand: each step starts 1 ms after the one before
+    ended (q0 10 -> 11, q1 after q0 at 32 and 43); q2 arrives to an idle device and starts at
+    once. An arrival inside a gap (q3 at 131.5, the gap after q2 is 131 -> 132) waits for it."""
+    four = Workload((0.0, 5.0, 100.0, 131.5), ("m",) * 4, 1000.0, 10)
+    out = simulate(tiny, make_policy("nobatch"), four, keep_log=True, step_gap_ms=1.0)
+    runs = [t for t, kind, _ in out.log or [] if kind == "run"]
+    assert runs == [0.0, 11.0, 32.0, 43.0, 100.0, 111.0, 132.0, 143.0]
+    assert out.latency_ms == {"q0": 31.0, "q1": 58.0, "q2": 31.0, "q3": 31.5}
+    assert out.queue_ms == {"q0": 0.0, "q1": 27.0, "q2": 0.0, "q3": 0.5}
+    assert out.busy_ms == pytest.approx(4 * 30.0)  # the gaps are idle time
+    assert simulate(tiny, make_policy("nobatch"), four).latency_ms["q1"] == 55.0  # no gap
 
 
 def test_exact_event_log_dp_time(tiny: Deployment) -> None:
@@ -100,6 +117,9 @@ def test_exact_event_log_dp_time(tiny: Deployment) -> None:
     assert out.latency_ms == {"q0": 42.0, "q1": 37.0, "q2": 30.0}
     assert out.busy_ms == pytest.approx(10 + 10 + 22 + 10 + 20)
     assert dict(out.batches) == {("m", 0): [1, 1, 1], ("m", 1): [2, 1]}
+    # q1 starts at 10; q0 and q1 both spend 10 ms alone in stage 0 and 22 ms batched in stage 1
+    assert out.queue_ms == {"q0": 0.0, "q1": 5.0, "q2": 0.0}
+    assert out.in_steps_ms == {"q0": 32.0, "q1": 32.0, "q2": 30.0}
 
 
 def test_summary_of_the_hand_scenario(tiny: Deployment) -> None:
@@ -118,6 +138,8 @@ def test_summary_of_the_hand_scenario(tiny: Deployment) -> None:
     assert s["mean_batch"] == pytest.approx(6 / 5)
     assert s["mean_batch_per_stage"] == {"m": [1.0, 1.5]}
     assert s["utilisation"] == pytest.approx(72 / 130, abs=1e-4)
+    assert s["queue_ms_mean"] == pytest.approx(5 / 3, abs=1e-4)
+    assert s["in_steps_ms_mean"] == pytest.approx((32 + 32 + 30) / 3, abs=1e-4)
     assert s["plan_us_p50"] is None
     assert s["plan_us_p99"] is None
 
