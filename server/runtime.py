@@ -12,10 +12,11 @@ the next layer-group boundary on the executor thread, and re-plan while it runs 
 4.1: planning concurrent with execution); hand back how far it got. Between two steps the loop
 does only what the next step needs (the engine takes back the last one, the next is handed out);
 answers, metrics, calibration and the re-plan wait until the executor thread has started it, as
-each step costs the device the time it waits for the loop (measured here, mobilenet_v2 among the
-demo's models: 1.0 ms a step of 5.5 ms with the bookkeeping first, 0.5 ms after). An arrival also re-plans at
-once on the loop; if a new plan no longer starts with the running step, the step is cancelled at
-its next stage boundary (exit check). When the plan has no valid next piece, plan first.
+each step costs the device the time it waits for the loop (`step_gap_ms`; measured here with
+the demo's models: 1.0 ms a step of 5.5 ms with the bookkeeping first, 0.5 ms after). An arrival
+also re-plans at once on the loop; if a new plan no longer starts with the running step, the step
+is cancelled at its next stage boundary (exit check). When the plan has no valid next piece, plan
+first.
 
 Profiles are measured on an idle machine; a serving machine also decodes, parses and plans, so
 its stages run slower, and not all by the same factor. The runtime compares every completed
