@@ -1187,10 +1187,7 @@ def interleaved_main(
     for r in [f"{x:g}" for x in rates]:
         print(f"{r:>6}" + "".join(f"{doc['mean_on_time'][s][r]:>12.3f}" for s in knobs))
     for row in rows:
-        print(
-            f"{row['server']}: on time up to {row['capacity_rps']:g} req/s, crosses "
-            f"{THRESHOLD} at {row['crossing_rps'] or 'a rate outside those measured'}"
-        )
+        print(f"{row['server']}: crosses {THRESHOLD} at {capacity_text(row)} req/s")
     print(f"compute bound {bound:g} req/s, batched ceiling {ceiling:g} (means of before and after)")
     warning = speed_warning(doc["compute_bound"])
     if warning:
@@ -1217,6 +1214,21 @@ def threshold_crossing(on_time: Mapping[float, float]) -> tuple[float, float | N
         (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
         crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
     return max(ok, default=0.0), crossing
+
+
+def capacity_text(row: Mapping[str, Any]) -> str:
+    """Where a server's on-time ratio crosses the threshold, in words: the crossing, else its
+    capacity; "below R" when it is under the threshold already at the lowest rate measured, "R
+    or more" when it never falls under it."""
+    if row.get("crossing_rps"):
+        return f"{round(row['crossing_rps'], 1):g}"
+    rates = sorted(float(r) for r in row.get("runs", {}))
+    capacity = float(row["capacity_rps"])
+    if rates and capacity < rates[0]:
+        return f"below {rates[0]:g}"
+    if rates and capacity >= rates[-1]:
+        return f"{capacity:g} or more"
+    return f"{round(capacity, 1):g}"
 
 
 def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -1272,13 +1284,12 @@ def plot(
                 continue
             xs, ys = zip(*pts, strict=True)
             highest = max(highest, *xs)
-            capacity = r.get("crossing_rps") or r["capacity_rps"]  # interleaved: the crossing
             ax.plot(
                 xs,
                 ys,
                 "o-",
                 color=colors.get(r["server"]),
-                label=f"{r['server']} ({r['knobs']}): {round(capacity, 1):g}",
+                label=f"{r['server']} ({r['knobs']}): {capacity_text(r)}",
             )
         lines = (
             ("compute bound", bounds.get(model), {"color": "grey", "ls": ":"}),

@@ -454,6 +454,13 @@ def test_the_plot_draws_one_line_per_server_and_the_bound_and_ceiling(
         "compute bound 36 req/s, off the axis",
         "batched ceiling 49 req/s, off the axis",
     ]
+    # no crossing among the rates measured: said as a bound, never as a capacity of 0
+    doc["mean_on_time"] = {
+        "layerbatch": {"38": 1.0, "44": 0.95},
+        "torchserve": {"38": 0.5, "44": 0.2},
+    }
+    plot(interleaved_results(doc), {"resnet18": 36.0}, path, {"resnet18": 49.1})
+    assert drawn[2][:2] == ["layerbatch (default): 44 or more", "torchserve (B=8,5ms): below 38"]
 
 
 def test_a_capacity_search_starts_near_the_capacities_found_for_its_arrival_process() -> None:
