@@ -11,8 +11,8 @@ at its exit check (`scheduler.engine`). A plan may put an action on a second lan
 running step (stacking); while both lanes run, each is slowed by its profiled stacking slowdown
 (`sim.lanes`). With `step_gap_ms` the device starts no step sooner than that after the last one
 ended: a server's hand-off between steps (its /v1/status `step_gap_ms`), which a request pays at
-every step it waits through. Nothing here reads a clock except the optional `timer` used to measure planning
-time, which never changes what is simulated.
+every step it waits through. Nothing here reads a clock except the optional `timer` used to
+measure planning time, which never changes what is simulated.
 """
 
 from __future__ import annotations
