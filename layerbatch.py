@@ -109,18 +109,13 @@ def parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="simulate a workload (also: layerbatch sim capacity ...)")
     _add_deployment_args(sim)
     _add_workload_args(sim)
+    _add_simulated_device_args(sim)
     sim.add_argument("--policy", choices=POLICY_CHOICES, default="dp-time")
     sim.add_argument(
         "--rate", type=_positive_float, default=100.0, help="mean request rate, req/s (default 100)"
     )
     sim.add_argument(
         "--requests", type=_positive_int, default=5000, help="number of requests (default 5000)"
-    )
-    sim.add_argument(
-        "--step-gap-ms",
-        type=_non_negative_float,
-        default=0.0,
-        help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
     sim.add_argument(
         "--time-plans",
@@ -320,6 +315,7 @@ def capacity_parser() -> argparse.ArgumentParser:
     )
     _add_deployment_args(p)
     _add_workload_args(p)
+    _add_simulated_device_args(p)
     p.add_argument(
         "--policies", default="nobatch,dynamic,batch,edf,dp-time,dp-tardy", help="comma list"
     )
@@ -466,6 +462,15 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-batch", type=_positive_int, default=None, help="cap on every model's batch bound B"
+    )
+
+
+def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--step-gap-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
 
 
@@ -731,6 +736,7 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
         ns.seed,
         ns.exact,
         None if trace is None else tuple(float(x) for x in trace),
+        ns.step_gap_ms,
     )
     with tqdm(
         total=len(policies) * len(rates),

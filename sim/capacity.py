@@ -42,6 +42,7 @@ class Setup:
     seed: int
     exact: bool
     trace_s: tuple[float, ...] | None = None
+    step_gap_ms: float = 0.0  # the device's idle time after every step (`simulate`)
 
     def deployment(self) -> Deployment:
         return Deployment(self.profiles, self.apps, self.max_batch, self.groups)
@@ -80,7 +81,8 @@ def run_one(args: tuple[Setup, str, float]) -> dict[str, Any]:
     w = make_workload(
         d, rate, setup.requests, setup.arrival, dict(setup.mix), setup.deadline_ms, rng, trace
     )
-    return summarise(simulate(d, make_policy(policy, exact=setup.exact), w))
+    scheduler = make_policy(policy, exact=setup.exact)
+    return summarise(simulate(d, scheduler, w, step_gap_ms=setup.step_gap_ms))
 
 
 def sweep(

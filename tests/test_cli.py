@@ -459,6 +459,18 @@ def test_capacity_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "simulating" not in err  # no progress bar when --json goes to a non-terminal
 
 
+def test_capacity_with_a_step_gap_is_at_most_without(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("sim", "capacity", "--profile", GOOGLENET_NAME, "--policies", "dp-time")
+    args += ("--rates", "100:400:100", "--requests", "200", "--jobs", "1", "--json")
+    code, out, _ = run_main(capsys, *args)
+    code_gap, out_gap, _ = run_main(capsys, *args, "--step-gap-ms", "3")
+    assert code == code_gap == 0
+    plain, gapped = json.loads(out), json.loads(out_gap)
+    for a, b in zip(plain["runs"], gapped["runs"], strict=True):
+        assert b["mean_ms"] > a["mean_ms"]
+    assert (gapped["capacity_rps"]["dp-time"] or 0) <= (plain["capacity_rps"]["dp-time"] or 0)
+
+
 def test_capacity_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(
         capsys,

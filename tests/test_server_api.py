@@ -772,7 +772,8 @@ async def test_each_step_starts_before_the_loop_settles_the_one_before(
     assert metric(text, "layerbatch_step_gap_ms_count") == len(gaps)
     assert metric(text, "layerbatch_step_gap_ms_sum") == pytest.approx(sum(gaps), abs=1e-3)
     assert all(g >= 0 for g in gaps)
-    assert min(gaps) <= runtime.status()["step_gap_ms"] <= max(gaps)
+    # an EWMA of them, rounded to the microsecond in /v1/status
+    assert min(gaps) - 5e-4 <= runtime.status()["step_gap_ms"] <= max(gaps) + 5e-4
 
 
 def test_decode_time_on_the_executor_thread_is_planned_as_first_stage_work() -> None:
