@@ -1192,7 +1192,7 @@ def interleaved_main(
     warning = speed_warning(doc["compute_bound"])
     if warning:
         print(warning)
-    peers = [r["crossing_rps"] or r["capacity_rps"] for r in rows if r["server"] != "layerbatch"]
+    peers = [v for server, v in crossings(rows).items() if server != "layerbatch"]
     best_peer = max(peers, default=0.0)
     if best_peer:
         print(
@@ -1214,6 +1214,11 @@ def threshold_crossing(on_time: Mapping[float, float]) -> tuple[float, float | N
         (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
         crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
     return max(ok, default=0.0), crossing
+
+
+def crossings(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each server's crossing of the threshold, or its capacity where no crossing was bracketed."""
+    return {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
 
 
 def capacity_text(row: Mapping[str, Any]) -> str:

@@ -42,6 +42,7 @@ from bench.peers import (
     ROOT,
     THRESHOLD,
     arrivals_for,
+    crossings,
     plot,
     threshold_crossing,
 )
@@ -127,11 +128,6 @@ def results(
             }
         )
     return rows
-
-
-def crossings(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Each policy's crossing of the threshold, or its capacity where no crossing was bracketed."""
-    return {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
 
 
 def gain(rows: Sequence[dict[str, Any]]) -> float | None:

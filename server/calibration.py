@@ -44,8 +44,7 @@ class StageCalibration:
             key = (model, first_stage + i)
             m = measured_ms * p / total
             old = self._ewma.get(key)
-            self._ewma[key] = (m, p) if old is None else (
-                old[0] + w * (m - old[0]), old[1] + w * (p - old[1]))  # fmt: skip
+            self._ewma[key] = (m, p) if old is None else (ewma(old[0], m, w), ewma(old[1], p, w))
 
     def overall(self) -> float:
         """sum_k M_k / sum_k P_k over every stage run so far; 1 before any step."""
@@ -61,3 +60,8 @@ class StageCalibration:
             mp = self._ewma.get((model, k))
             out.append(mp[0] / mp[1] if mp is not None and mp[1] > 0.0 else rest)
         return tuple(out)
+
+
+def ewma(mean: float | None, value: float, weight: float) -> float:
+    """`mean` moved towards `value` by `weight` (`value` itself when there is no mean yet)."""
+    return value if mean is None else mean + weight * (value - mean)

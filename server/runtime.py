@@ -64,7 +64,7 @@ from scheduler.policies import make_policy
 from scheduler.profile import scaled_stages, with_entry_cost
 from scheduler.state import SchedulerState
 from scheduler.types import Action, Request, Step
-from server.calibration import StageCalibration
+from server.calibration import StageCalibration, ewma
 from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
@@ -353,7 +353,7 @@ class Runtime:
 
     def _observe_decode(self, took_ms: float) -> None:
         """Fold one decode's time into `decode_ms` (EWMA)."""
-        self.decode_ms = _ewma(self.decode_ms, took_ms)
+        self.decode_ms = ewma(self.decode_ms, took_ms, CALIBRATION_WEIGHT)
 
     def _decode(self, req: InferRequest) -> torch.Tensor:
         if req.jpeg is not None:
@@ -470,7 +470,7 @@ class Runtime:
         ran, the measured against the planned time (calibration), metrics and answers."""
         if gap_ms is not None:
             self.metrics.step_gap.observe(gap_ms)
-            self.step_gap_ms = _ewma(self.step_gap_ms, gap_ms)
+            self.step_gap_ms = ewma(self.step_gap_ms, gap_ms, CALIBRATION_WEIGHT)
         action = progress.action
         for rid in action.request_ids:
             p = self.pending.get(rid)
@@ -668,11 +668,6 @@ class Runtime:
             "step_gap_ms": None if self.step_gap_ms is None else round(self.step_gap_ms, 3),
             "failure": self.failure,
         }
-
-
-def _ewma(mean: float | None, value: float) -> float:
-    """`mean` moved towards `value` by CALIBRATION_WEIGHT (`value` itself if there is none)."""
-    return value if mean is None else mean + CALIBRATION_WEIGHT * (value - mean)
 
 
 class _Later:
