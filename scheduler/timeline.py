@@ -1,9 +1,17 @@
 """Running a list of actions back to back: the one place that turns actions into times.
 
-`finish_plan` is how every policy builds its `Plan`: it replays the actions from `now_ms` on an
-idle device with the profile latencies, checks the plan's guarantees (each action's requests stand
-at its first stage, batches within B, every request not dropped finishes) and records each
-request's completion time. A violation is a bug in the policy and raises `PlanError`.
+`finish_plan` is how every policy builds its `Plan`: it replays the actions from `now_ms` with the
+profile latencies, checks the plan's guarantees (each action's requests stand at its first stage,
+batches within B, every request not dropped finishes) and records each request's completion time.
+A violation is a bug in the policy and raises `PlanError`.
+
+A plan made while a step runs (on an arrival) sees the step's requests where they stood when it
+started. When its first action carries on that step (`continues_running`), the replay counts the
+step as running since it started: its part of the action ends when the step does by the profile
+(`Step.end_ms`, or now if that has passed), not a whole step's time after now. Counted from now,
+every plan made during a step was late by the time the step had already run, and dp-tardy dropped
+as predicted late requests that a burst left just enough time for (in the simulator under the
+Azure trace at 1000 ms this raised dp-tardy's capacity 5-15%: bench/results/peers-log.md).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.deployment import Deployment
 from scheduler.state import SchedulerState
-from scheduler.types import Action, Drop, Plan, Request
+from scheduler.types import Action, Drop, Plan, Request, Step
 
 
 class PlanError(RuntimeError):
@@ -25,8 +33,10 @@ def replay(
     requests: Iterable[Request],
     now_ms: float,
     actions: Sequence[Action],
+    running: Step | None = None,
 ) -> tuple[dict[str, float], float]:
-    """Run `actions` back to back from `now_ms`.
+    """Run `actions` back to back from `now_ms`; a first action that carries on the `running`
+    step is counted from the step's start (module docstring).
 
     Returns (completion time of every request that finishes, time the last action ends).
     Raises `PlanError` on an action that cannot run as written.
@@ -56,8 +66,14 @@ def replay(
         duration = deployment.run_ms(act.model, k0, k1, len(act.request_ids))
         if math.isinf(duration):
             raise PlanError(f"action {n}: batch {len(act.request_ids)} exceeds B for {act.model}")
-        start = t if act.not_before_ms is None else max(t, act.not_before_ms)
-        t = start + duration
+        if n == 0 and running is not None and continues_running(act, running):
+            k_run = running.action.stages[1]
+            t = max(t, running.end_ms) + deployment.run_ms(
+                act.model, k_run, k1, len(act.request_ids)
+            )
+        else:
+            start = t if act.not_before_ms is None else max(t, act.not_before_ms)
+            t = start + duration
         here = (act.model, k0)
         for rid in act.request_ids:
             if where.get(rid) != here:
@@ -72,6 +88,18 @@ def replay(
             else:
                 where[rid] = (nxt, 0)
     return completion, t
+
+
+def continues_running(action: Action, running: Step) -> bool:
+    """Whether `action` is the running step carried on: the same model and first stage, at least
+    its stages, and only requests that run in it (some may have left since it started)."""
+    run = running.action
+    return (
+        action.model == run.model
+        and action.stages[0] == run.stages[0]
+        and action.stages[1] >= run.stages[1]
+        and set(action.request_ids) <= set(run.request_ids)
+    )
 
 
 def finish_plan(
@@ -92,7 +120,7 @@ def finish_plan(
     gone = {d.request_id for d in dropped}
     aside = set(beside.request_ids) if beside is not None else set()
     live = [r for r in state if r.id not in gone and r.id not in aside]
-    completion, _ = replay(state.deployment, live, now_ms, actions)
+    completion, _ = replay(state.deployment, live, now_ms, actions, state.running)
     if beside is not None:
         lane = [r for r in state if r.id in aside]
         completion.update(replay(state.deployment, lane, now_ms, [beside])[0])

@@ -2,7 +2,8 @@
 
 A request is a position in a chain of stages. An `Action` runs stages [k0, k1) of one model for a
 set of requests that all stand at stage k0 of that model. A `Plan` is an ordered list of actions
-that, run back to back from `now_ms` on an idle device, finishes every request it does not drop.
+that, run back to back from `now_ms`, finishes every request it does not drop (a first action that
+carries on the running step is counted from the step's start: `scheduler.timeline`).
 """
 
 from __future__ import annotations
@@ -89,12 +90,14 @@ class Drop:
 
 @dataclass(frozen=True)
 class Plan:
-    """A complete schedule from `now_ms` on an idle device.
+    """A complete schedule from `now_ms`.
 
     Guarantees (checked by `scheduler.timeline.finish_plan`, which every policy uses):
     every active request is either dropped or finishes in the actions; each action's requests
     stand at its first stage when it starts; `completion_ms[r]` is the end of the action that
-    finishes r when the actions run back to back with the profile latencies.
+    finishes r when the actions run back to back with the profile latencies from `now_ms`, a
+    first action that carries on the running step (`SchedulerState.running`) from the step's
+    start.
     `objective` is what the policy minimises (see the policy's docstring).
     """
 

@@ -373,6 +373,7 @@ class Runtime:
         if hit is not None and now - hit[0] <= self.estimate_ttl_ms:
             return hit[1]
         probe = SchedulerState(self.deployment, self.engine.state.requests())
+        probe.running = self.engine.state.running  # counted from its start, as plans are
         pid = "__estimate__"
         probe.add(Request(pid, app, position, now))
         plan = self.engine.policy.plan(probe, now)

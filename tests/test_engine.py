@@ -13,6 +13,7 @@ from scheduler.policies import POLICIES, make_policy
 from scheduler.policies.common import EXPIRED, HOPELESS
 from scheduler.profile import load_profile
 from scheduler.state import SchedulerState
+from scheduler.timeline import replay
 from scheduler.types import Plan, Request
 from sim.simulator import simulate
 from sim.workload import make_workload
@@ -101,6 +102,29 @@ def test_a_plan_made_while_busy_sees_the_running_step_where_it_started(d: Deploy
     assert step2 is not None and step2.start_ms == step.end_ms
 
 
+def test_a_plan_made_while_busy_counts_the_running_step_from_its_start(d: Deployment) -> None:
+    """A first action that carries on the running step ends when the step does by the profile,
+    then runs the rest: not a whole step's time after now (scheduler/timeline.py)."""
+    e = Engine(d, make_policy("dp-time"))
+    e.admit(req("a"), 0.0)
+    step, _, _ = e.next_step(0.0)
+    assert step is not None and step.action.stages == (0, 3)
+    mid = step.end_ms / 2
+    e.replan(mid)
+    plan = e.plan
+    assert plan is not None and plan.actions[0].stages == (0, 10)
+    rest_ms = d.run_ms(G, 3, 10, 1)
+    assert plan.completion_ms["a"] == pytest.approx(step.end_ms + rest_ms)
+    # the same requests on an idle device are counted from now
+    idle = make_policy("dp-time").plan(SchedulerState(d, e.state.requests()), mid)
+    assert idle.completion_ms["a"] == pytest.approx(mid + d.run_ms(G, 0, 10, 1))
+    # a step that has overrun its profile ends now at the earliest
+    overrun = 2 * step.end_ms
+    e.replan(overrun)
+    assert e.plan is not None
+    assert e.plan.completion_ms["a"] == pytest.approx(overrun + rest_ms)
+
+
 def test_preemption_is_wanted_only_when_the_newest_plan_does_not_start_with_the_step(
     d: Deployment,
 ) -> None:
@@ -116,6 +140,8 @@ def test_preemption_is_wanted_only_when_the_newest_plan_does_not_start_with_the_
     e.admit(req("urgent", arrival=0.3, deadline=20.0), 0.3)
     assert e.plan is not None and e.plan.actions[0].request_ids == ("urgent",)
     assert e.wants_preemption()
+    # a plan that does not carry on the running step is counted from now
+    assert dict(e.plan.completion_ms) == replay(d, e.state.requests(), 0.3, e.plan.actions)[0]
     done = step.stages_done_by(0.3)
     assert done == 1
     e.finish(done)

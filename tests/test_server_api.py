@@ -22,7 +22,7 @@ from layerexec.features import decode_features
 from scheduler.engine import Engine
 from scheduler.policies import make_policy
 from scheduler.state import SchedulerState
-from scheduler.types import Plan, Request
+from scheduler.types import Plan, Request, Step
 from server.app import ServerConfig
 from tests.server_cases import (
     CIFAR,
@@ -549,20 +549,28 @@ class RecordingPolicy:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name = inner.name
-        self.calls: list[tuple[Any, list[Request], float, Plan]] = []
+        self.calls: list[tuple[Any, list[Request], float, Step | None, Plan]] = []
 
     def plan(self, state: SchedulerState, now_ms: float) -> Plan:
         snapshot = state.requests()
         plan = self.inner.plan(state, now_ms)
-        self.calls.append((state.deployment, snapshot, now_ms, plan))
+        self.calls.append((state.deployment, snapshot, now_ms, state.running, plan))
         return plan
 
 
-def sim_plan(deployment: Any, requests: list[Request], now_ms: float, policy: str) -> Plan:
-    """The plan the simulator's engine makes for the same requests at the same time."""
+def sim_plan(
+    deployment: Any,
+    requests: list[Request],
+    now_ms: float,
+    policy: str,
+    running: Step | None = None,
+) -> Plan:
+    """The plan the simulator's engine makes for the same requests at the same time, with the
+    same step running."""
     engine = Engine(deployment, make_policy(policy))
     for r in requests:
         engine.add(r)
+    engine.state.running = running
     engine.replan(now_ms)
     assert engine.plan is not None
     return engine.plan
@@ -615,19 +623,21 @@ async def test_server_plans_equal_simulator_plans(aiohttp_client: Any, policy: s
         now = runtime.clock()
         requests = runtime.engine.state.requests()
         assert {r.position for r in requests} == {0, 3, 7}
+        running = runtime.engine.state.running
+        assert running is not None and running.action.model == FACES  # held by the gate
         server_side = runtime.engine.policy.plan(runtime.engine.state, now)
-        assert server_side == sim_plan(runtime.deployment, requests, now, policy)
-        assert server_side == make_policy(policy).plan(
-            SchedulerState(runtime.deployment, requests), now
-        )
+        assert server_side == sim_plan(runtime.deployment, requests, now, policy, running)
+        fresh = SchedulerState(runtime.deployment, requests)
+        fresh.running = running
+        assert server_side == make_policy(policy).plan(fresh, now)
         gate.open()
         results = await asyncio.gather(*tasks)
     assert all(s == 200 and a["status"] in ("ok", "dropped") for s, a in results), results
     # every plan the server made during the run, replayed in the simulator's engine
     assert len(recorder.calls) >= 10
-    for deployment, requests, now_ms, plan in recorder.calls:
+    for deployment, requests, now_ms, running, plan in recorder.calls:
         assert plan.policy == policy
-        assert sim_plan(deployment, requests, now_ms, policy) == plan
+        assert sim_plan(deployment, requests, now_ms, policy, running) == plan
 
 
 @pytest.mark.parametrize("policy", ["dp-tardy", "dp-time", "nobatch"])

@@ -27,7 +27,6 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Literal
 
-from scheduler.deployment import Deployment
 from scheduler.dp import UnitMode
 from scheduler.policies.common import HOPELESS, PREDICTED_LATE, split_expired
 from scheduler.search import AppSearch
@@ -102,7 +101,7 @@ class DPScheduler:
         multi_app = len({r.app for r in live[: self.max_active]}) > 1
         while True:
             timed = self._actions(state, live, now_ms, "time", memo)
-            scored_time = _late_and_total(d, live, planned, now_ms, timed)
+            scored_time = _late_and_total(state, live, planned, now_ms, timed)
             if not scored_time[0]:  # the least total completion, nobody late: nothing can beat it
                 actions = timed
                 break
@@ -114,7 +113,7 @@ class DPScheduler:
             if actions:  # the previous plan without the requests dropped since
                 candidates.append(actions)
             scored = [(scored_time, 0)] + [
-                (_late_and_total(d, live, planned, now_ms, a), n)
+                (_late_and_total(state, live, planned, now_ms, a), n)
                 for n, a in enumerate(candidates)
                 if n > 0
             ]
@@ -131,10 +130,15 @@ class DPScheduler:
 
 
 def _late_and_total(
-    d: Deployment, live: list[Request], planned: set[str], now_ms: float, actions: list[Action]
+    state: SchedulerState,
+    live: list[Request],
+    planned: set[str],
+    now_ms: float,
+    actions: list[Action],
 ) -> tuple[list[str], float]:
-    """Planned requests that `actions` finish after their deadline, and the total completion."""
-    completion, _ = replay(d, live, now_ms, actions)
+    """Planned requests that `actions` finish after their deadline (the running step counted
+    from its start, `scheduler.timeline`), and the total completion."""
+    completion, _ = replay(state.deployment, live, now_ms, actions, state.running)
     late = [r.id for r in live if r.id in planned and completion[r.id] > r.deadline_ms]
     return late, total_completion_ms(completion, now_ms)
 
