@@ -33,9 +33,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.optimization import fuse  # noqa: E402
 
-from layerexec.allocator import keep_freed_memory  # noqa: E402
+from layerexec.allocator import keep_freed_memory, reserve_heap  # noqa: E402
 from layerexec.torch_thread import TorchThread  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
+from scheduler.profile import load_profile  # noqa: E402
+from server.build import BUNDLED_PROFILES  # noqa: E402
 from server.inputs import image_tensor  # noqa: E402
 
 P = ParamSpec("P")
@@ -87,6 +89,9 @@ class Model:
             for b in sorted(set(warm_batches)):
                 for _ in range(2):
                     module(self._layout(torch.zeros(b, *self.spec.input_shape)))
+        # the heap room layerbatch's server leaves (server/build.py `warm_up`)
+        profile = load_profile(BUNDLED_PROFILES / f"{self.name}-cpu.json")
+        reserve_heap(2 * profile.peak_bytes * max(warm_batches))
         return module
 
     def _layout(self, x: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,11 @@ class Profile:
     def num_stages(self) -> int:
         return len(self.stages)
 
+    @property
+    def peak_bytes(self) -> int:
+        """The largest activation peak per sample of any stage (0 if not measured)."""
+        return max((s.peak_bytes for s in self.stages), default=0)
+
     def latency_ms(self, stage: int, batch: int) -> float:
         """Latency of `stage` at batch size `batch` (see module docstring); +inf above max_batch."""
         if batch <= 0:

@@ -1,4 +1,5 @@
-"""layerexec.allocator: freed activation memory stays in the process (not faulted in again).
+"""layerexec.allocator: freed activation memory stays in the process (not faulted in again), and
+the heap reserve serves a new largest block from touched memory.
 
 Each case runs in a fresh interpreter, as the server does: the setting is process-wide and must
 not leak into the test session. mobilenet_v2 runs batches of 8 on a worker thread (as the
@@ -56,3 +57,42 @@ def test_without_it_each_forward_faults_its_large_activations_in_afresh() -> Non
     """The control: what the setting removes (tens of MB of activations, 4 KiB pages)."""
     applied, faults = _faults_per_forward("default")
     assert not applied and faults > 2000
+
+
+RESERVE_SCRIPT = """
+import resource, sys, threading
+import torch
+from layerexec.allocator import keep_freed_memory, reserve_heap
+keep_freed_memory()
+reserved = reserve_heap(256 << 20) if sys.argv[1] == "reserve" else False
+faults = []
+def work():  # on a worker thread, as the server's executor thread allocates
+    small = [torch.empty(1000) for _ in range(100)]  # what a server keeps between its batches
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(48 << 20, dtype=torch.uint8).fill_(1)  # a batch's largest activation
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(reserved, faults[0])
+"""
+
+
+def _faults_of_a_large_block(mode: str) -> tuple[bool, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", RESERVE_SCRIPT, mode], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="a glibc heap")
+def test_a_block_within_the_reserve_is_served_from_touched_memory() -> None:
+    reserved, faults = _faults_of_a_large_block("reserve")
+    assert reserved and faults < 500
+
+
+@pytest.mark.skipif(not GLIBC, reason="a glibc heap")
+def test_without_the_reserve_a_new_largest_block_grows_the_heap_into_fresh_pages() -> None:
+    """The control: 48 MiB of fresh 4 KiB pages is about 12,000 faults."""
+    reserved, faults = _faults_of_a_large_block("none")
+    assert not reserved and faults > 6000

@@ -329,6 +329,14 @@ def test_peak_bytes_and_stacking_are_read_and_written_back() -> None:
 def test_profiles_without_peaks_or_stacking_default_to_unmeasured() -> None:
     p = parse_profile(profile_doc([[1.0]], batch_sizes=[1]), "p.json")
     assert p.stages[0].peak_bytes == 0 and p.stacking_slowdown == {}
+    assert p.peak_bytes == 0
+
+
+def test_a_profiles_peak_is_its_largest_stage_peak() -> None:
+    doc = profile_doc([[1.0], [2.0], [3.0]], batch_sizes=[1])
+    for stage, peak in zip(doc["stages"], [4096, 12288, 8192], strict=True):
+        stage["peak_bytes"] = peak
+    assert parse_profile(doc, "p.json").peak_bytes == 12288
 
 
 @pytest.mark.parametrize(
