@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import scheduler.dp
 from scheduler import Action, Deployment, Request, SchedulerState, make_policy
-from scheduler.policies.common import HOPELESS
+from scheduler.policies.common import HOPELESS, PREDICTED_LATE
 from tests.sched_cases import (
     Case,
     cases,
@@ -426,6 +426,20 @@ def test_dp_tardy_group_units_no_worse_than_dp_time_after_hopeless_drop() -> Non
     assert misses(state, timed) == 1
     tardy = make_policy("dp-tardy").plan(state, 0.0)
     assert misses(state, tardy) <= misses(state, timed)
+
+
+def test_dp_tardy_adds_back_the_late_requests_that_the_rest_leave_room_for() -> None:
+    """One layer group holds the four requests in one unit, so every plan batches all four:
+    35 ms, all late for their 30 ms deadlines. A round drops every request its plan leaves late;
+    three of them alone (27.5 ms) are on time, so dp-tardy adds those back, oldest first, and
+    drops only the newest (before, it dropped all four)."""
+    d = Deployment([make_profile("m", [[12.5, 20.0, 35.0, 65.0]])])
+    state = state_of(d, [req(f"r{i}", "m", 0, 0.0, 30.0) for i in range(4)])
+    plan = make_policy("dp-tardy").plan(state, 0.0)
+    check_plan(state, 0.0, plan, "dp-tardy")
+    assert plan.dropped_ids == ("r3",)
+    assert [x.reason for x in plan.dropped] == [PREDICTED_LATE]
+    assert {plan.completion_ms[f"r{i}"] for i in range(3)} == {27.5}
 
 
 def test_dp_tardy_is_fifo_so_edf_can_serve_more_on_time() -> None:
