@@ -9,7 +9,9 @@ freed memory kept (resnet18 and googlenet at 16: 10-12% faster; batch 1 about th
 is what the usual advice of serving PyTorch on CPUs with jemalloc or tcmalloc buys.
 `keep_freed_memory` raises both thresholds for the calling process and puts every thread on
 the one heap; memory once used for activations stays with it (the server's high-water mark)
-rather than being returned.
+rather than being returned. Kept memory is scattered, though: a block larger than every free one
+(a burst's first batch larger than any before) still grows the heap into fresh pages, which
+`reserve_heap` heads off by leaving touched room at the heap's top.
 """
 
 from __future__ import annotations
@@ -29,12 +31,9 @@ def keep_freed_memory(threshold_bytes: int = KEEP_BYTES) -> bool:
     that is free, and give every thread the one heap (a thread's own arena would still map
     large blocks afresh): glibc's mallopt. Returns whether it applied: False on a C library
     other than glibc, whose allocator this does not concern."""
-    if platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return False
-    libc = ctypes.CDLL(path)
     return bool(
         libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes)
         and libc.mallopt(M_TRIM_THRESHOLD, threshold_bytes)
@@ -50,12 +49,9 @@ def reserve_heap(nbytes: int) -> bool:
     a fresh page costs far more than its fault (measured on this project's VM: a 77 MB
     activation in fresh memory, 190 ms, about 3x the stage that writes it). Returns whether it
     applied (glibc, after `keep_freed_memory`)."""
-    if nbytes <= 0 or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if nbytes <= 0 or libc is None:
         return False
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return False
-    libc = ctypes.CDLL(path)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     block = libc.malloc(ctypes.c_size_t(nbytes))
@@ -64,3 +60,11 @@ def reserve_heap(nbytes: int) -> bool:
     ctypes.memset(block, 1, nbytes)
     libc.free(block)
     return True
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, if it is glibc (the allocator these settings concern)."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    path = ctypes.util.find_library("c")
+    return None if path is None else ctypes.CDLL(path)
