@@ -39,23 +39,24 @@ print(applied, max(faults))
 GLIBC = platform.libc_ver()[0] == "glibc"
 
 
-def _faults_per_forward(mode: str) -> tuple[bool, int]:
+def _run(script: str, mode: str) -> tuple[bool, int]:
+    """`script` in a fresh interpreter: (whether the setting applied, the faults it counted)."""
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script, mode], capture_output=True, text=True, check=True
     ).stdout.split()
     return out[0] == "True", int(out[1])
 
 
 @pytest.mark.skipif(not GLIBC, reason="a glibc setting")
 def test_kept_memory_is_not_faulted_in_again_at_each_forward() -> None:
-    applied, faults = _faults_per_forward("keep")
+    applied, faults = _run(SCRIPT, "keep")
     assert applied and faults < 500
 
 
 @pytest.mark.skipif(not GLIBC, reason="a glibc setting")
 def test_without_it_each_forward_faults_its_large_activations_in_afresh() -> None:
     """The control: what the setting removes (tens of MB of activations, 4 KiB pages)."""
-    applied, faults = _faults_per_forward("default")
+    applied, faults = _run(SCRIPT, "default")
     assert not applied and faults > 2000
 
 
@@ -78,21 +79,14 @@ print(reserved, faults[0])
 """
 
 
-def _faults_of_a_large_block(mode: str) -> tuple[bool, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", RESERVE_SCRIPT, mode], capture_output=True, text=True, check=True
-    ).stdout.split()
-    return out[0] == "True", int(out[1])
-
-
 @pytest.mark.skipif(not GLIBC, reason="a glibc heap")
 def test_a_block_within_the_reserve_is_served_from_touched_memory() -> None:
-    reserved, faults = _faults_of_a_large_block("reserve")
+    reserved, faults = _run(RESERVE_SCRIPT, "reserve")
     assert reserved and faults < 500
 
 
 @pytest.mark.skipif(not GLIBC, reason="a glibc heap")
 def test_without_the_reserve_a_new_largest_block_grows_the_heap_into_fresh_pages() -> None:
     """The control: 48 MiB of fresh 4 KiB pages is about 12,000 faults."""
-    reserved, faults = _faults_of_a_large_block("none")
+    reserved, faults = _run(RESERVE_SCRIPT, "none")
     assert not reserved and faults > 6000
