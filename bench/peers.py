@@ -49,6 +49,8 @@ Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the ful
 An --interleave run takes each peer's knobs from the tuning runs on record (peers.json,
 peers-quick*.json): those tuned under its arrival process (the first of --arrivals) at its
 deadline if any, else the nearest (another deadline, then Poisson arrivals), and says which.
+While one server is measured, the others are stopped (SIGSTOP; --no-pause-idle leaves them
+running), and each run's summary records the CPU seconds they used meanwhile.
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
 out/peers/. The pure parts (search, trace rescaling, summaries, table) are tested in
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -482,8 +485,39 @@ def server_command(
     raise ValueError(f"unknown server {server!r}: expected one of {', '.join(SERVERS)}")
 
 
+def session_pids(sid: int) -> list[int]:
+    """The ids of the processes now in session `sid` (a server's, with every process it started:
+    Ray's workers each lead a process group of their own, but stay in its session)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
+    return [
+        int(p)
+        for p, g in (ln.split() for ln in out.stdout.splitlines() if ln.strip())
+        if int(g) == sid
+    ]
+
+
+def session_cpu_s(sid: int) -> float:
+    """The CPU seconds (user and system) used so far by the processes now in session `sid`."""
+    total_ticks = 0
+    for pid in session_pids(sid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # gone since it was listed
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # from field 3 (state) on
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def signal_session(sid: int, sig: signal.Signals) -> None:
+    """Send `sig` to every process now in session `sid` (those gone meanwhile: nothing)."""
+    for pid in session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 class Running:
-    """One server process (its own process group, so that everything it started stops with it)."""
+    """One server process (its own session, so that everything it started stops with it)."""
 
     def __init__(
         self,
@@ -511,26 +545,30 @@ class Running:
         self.pids: list[int] = []
 
     def descendants(self) -> list[int]:
-        """The process ids in this server's process group (for the profiler and for stopping)."""
-        out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True)
-        return [
-            int(p)
-            for p, g in (ln.split() for ln in out.stdout.splitlines() if ln.strip())
-            if int(g) == self.proc.pid
-        ]
+        """The process ids in this server's session."""
+        return session_pids(self.proc.pid)
+
+    def cpu_s(self) -> float:
+        return session_cpu_s(self.proc.pid)
+
+    def pause(self, paused: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process in this server's session."""
+        signal_session(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
+        """SIGTERM to the server's process group (it stops what it started), then SIGKILL to
+        whatever is left in its session."""
+        self.pause(False)  # a stopped process would not act on SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        for wait_s in (15.0, 10.0):
             end = time.monotonic() + wait_s
             while time.monotonic() < end and self.descendants():
                 self.proc.poll()
                 time.sleep(0.3)
             if not self.descendants():
                 break
+            signal_session(self.proc.pid, signal.SIGKILL)
         self.proc.poll()
         self._logf.close()
 
@@ -674,6 +712,7 @@ class Settings:
     interleave: list[float]
     rounds: int
     fold_peers: bool = False
+    pause_idle: bool = True
 
 
 def arrivals_for(
@@ -1066,13 +1105,15 @@ async def interleaved(
     rounds: int,
     trace: np.ndarray,
 ) -> dict[str, Any]:
-    """Every server up at once (idle while the others are measured); for each round and rate,
-    each server in turn gets the same arrivals, so the machine's drift hits all alike. They are
-    the first of `st.arrivals`: Poisson (new draws each round) or the Azure trace rescaled (the
-    same arrivals each round). Each server first serves WARM_LOAD_S of Poisson arrivals at the
-    first rate, not measured: its first batches under load (kernels for new batch sizes, a JIT)
-    must not count against that rate (TorchServe was 0.51-0.66 on time at its first rate, then
-    0.85-1.00 in the next round). The compute bound is measured before and after (no server up
+    """Every server up at once; for each round and rate, each server in turn gets the same
+    arrivals, so the machine's drift hits all alike. While one is measured the others are idle,
+    and stopped (SIGSTOP) when `st.pause_idle`: an idle Ray Serve used 8-30% of a core during
+    the others' runs. Each run's summary holds the CPU seconds each other server used during it
+    ("others_cpu_s"). The arrivals are the first of `st.arrivals`: Poisson (new draws each
+    round) or the Azure trace rescaled (the same arrivals each round). Each server first serves
+    WARM_LOAD_S of Poisson arrivals at the first rate, not measured: its first batches under
+    load (kernels for new batch sizes, a JIT) must not count against that rate (TorchServe was
+    0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The compute bound is measured before and after (no server up
     then)."""
     model, deadline, arrival = st.models[0], st.deadlines[0], st.arrivals[0]
     bench = Bench(st, frames, trace)
@@ -1085,6 +1126,7 @@ async def interleaved(
         "arrival": arrival,
         "rounds": rounds,
         "fold_peers": st.fold_peers,
+        "paused_idle": st.pause_idle,
         "compute_bound": {"before": await asyncio.to_thread(bench.compute_bound, model)},
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in knobs}
@@ -1101,14 +1143,26 @@ async def interleaved(
                 for server in order:
                     load = loads[server]
                     arr, dur = bench.arrivals(arrival, rate, False, st.seed + rnd)
-                    samples = await load.run_arrivals(arr, deadline / 1000.0)
-                    await load.quiesce()
+                    others = {n: x.run for n, x in loads.items() if n != server}
+                    await load.quiesce()  # e.g. timers it missed while paused
+                    cpu0_s = {n: r.cpu_s() for n, r in others.items()}
+                    try:
+                        for r in others.values():
+                            r.pause(st.pause_idle)
+                        samples = await load.run_arrivals(arr, deadline / 1000.0)
+                        await load.quiesce()
+                        others_cpu_s = {n: r.cpu_s() - cpu0_s[n] for n, r in others.items()}
+                    finally:
+                        for r in others.values():
+                            r.pause(False)
                     s = summarize(samples, deadline, dur)
+                    s["others_cpu_s"] = {n: round(v, 2) for n, v in others_cpu_s.items()}
                     runs[server].setdefault(f"{rate:g}", []).append(s)
                     print(
                         f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
                         f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
-                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']}",
+                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']} "
+                        f"others' CPU {sum(others_cpu_s.values()):.1f} s",
                         flush=True,
                     )
     finally:
@@ -1354,6 +1408,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     ap.add_argument("--rounds", type=int, default=2, help="--interleave: rounds over the rates")
     ap.add_argument(
+        "--pause-idle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--interleave: stop (SIGSTOP) the idle servers while another is measured, so that "
+        "none pays for another's background work (Ray Serve's is 8-30%% of a core)",
+    )
+    ap.add_argument(
         "--fold-peers",
         action="store_true",
         help="the peers also serve the model with batch norms folded into the convolutions "
@@ -1386,6 +1447,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         interleave=[float(x) for x in a.interleave.split(",")] if a.interleave else [],
         rounds=a.rounds,
         fold_peers=a.fold_peers,
+        pause_idle=a.pause_idle,
     )
 
 

@@ -5,7 +5,11 @@ server runs here."""
 from __future__ import annotations
 
 import json
+import signal
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,9 @@ from bench.peers import (
     poisson_arrivals_s,
     profile_breakdown,
     server_command,
+    session_cpu_s,
+    session_pids,
+    signal_session,
     speed_warning,
     summarize,
     table_rows,
@@ -500,3 +507,41 @@ def test_a_trace_run_sends_the_same_arrivals_at_every_rate_compressed() -> None:
     assert poisson_s == 12.0 and len(poisson) > 400  # quick: 12 s at 40 req/s
     few, few_s = bench.arrivals("poisson", 5.0, True, 1)
     assert few_s == 40.0 and len(few) > 150  # 200 requests at 5 req/s take 40 s
+
+
+def test_a_paused_session_uses_no_cpu_until_it_is_continued() -> None:
+    """--interleave stops the idle servers' whole sessions and counts their CPU: a busy child in
+    a process group of its own (as Ray's workers are) is in its parent's session; their CPU grows
+    while they run, stands still while the session is stopped, then grows again."""
+    child = "import os; os.setpgid(0, 0)\nwhile 1: pass"
+    parent = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent + "\nwhile 1: pass"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 20.0
+        while len(session_pids(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(session_pids(proc.pid)) == 2
+        t0 = session_cpu_s(proc.pid)
+        while session_cpu_s(proc.pid) < t0 + 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert session_cpu_s(proc.pid) >= t0 + 0.2
+        signal_session(proc.pid, signal.SIGSTOP)
+        while not all(_state(p) == "T" for p in session_pids(proc.pid)):
+            time.sleep(0.01)
+        paused_s = session_cpu_s(proc.pid)
+        time.sleep(0.5)
+        assert session_cpu_s(proc.pid) == paused_s
+        signal_session(proc.pid, signal.SIGCONT)
+        while session_cpu_s(proc.pid) < paused_s + 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert session_cpu_s(proc.pid) >= paused_s + 0.2
+    finally:
+        signal_session(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    """A process's state letter ("T": stopped), from /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
