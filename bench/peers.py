@@ -1113,8 +1113,8 @@ async def interleaved(
     round) or the Azure trace rescaled (the same arrivals each round). Each server first serves
     WARM_LOAD_S of Poisson arrivals at the first rate, not measured: its first batches under
     load (kernels for new batch sizes, a JIT) must not count against that rate (TorchServe was
-    0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The compute bound is measured before and after (no server up
-    then)."""
+    0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The compute bound
+    is measured before and after (no server up then)."""
     model, deadline, arrival = st.models[0], st.deadlines[0], st.arrivals[0]
     bench = Bench(st, frames, trace)
     loads: dict[str, Load] = {}
@@ -1161,8 +1161,8 @@ async def interleaved(
                     print(
                         f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
                         f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
-                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']} "
-                        f"others' CPU {sum(others_cpu_s.values()):.1f} s",
+                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} "
+                        f"timeouts {s['timeouts']} others' CPU {sum(others_cpu_s.values()):.1f} s",
                         flush=True,
                     )
     finally:
