@@ -491,8 +491,8 @@ def session_pids(sid: int) -> list[int]:
     out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True)
     return [
         int(p)
-        for p, g in (ln.split() for ln in out.stdout.splitlines() if ln.strip())
-        if int(g) == sid
+        for p, s in (ln.split() for ln in out.stdout.splitlines() if ln.strip())
+        if int(s) == sid
     ]
 
 

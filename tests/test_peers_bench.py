@@ -529,6 +529,7 @@ def test_a_paused_session_uses_no_cpu_until_it_is_continued() -> None:
         assert session_cpu_s(proc.pid) >= t0 + 0.2
         signal_session(proc.pid, signal.SIGSTOP)
         while not all(_state(p) == "T" for p in session_pids(proc.pid)):
+            assert time.monotonic() < deadline, "the session did not stop"
             time.sleep(0.01)
         paused_s = session_cpu_s(proc.pid)
         time.sleep(0.5)
