@@ -496,15 +496,20 @@ def session_pids(sid: int) -> list[int]:
     ]
 
 
+def proc_stat(pid: int) -> list[str]:
+    """A process's /proc/PID/stat fields from field 3 (its state letter) on, after the command
+    name (which may hold spaces); raises OSError once the process is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def session_cpu_s(sid: int) -> float:
     """The CPU seconds (user and system) used so far by the processes now in session `sid`."""
     total_ticks = 0
     for pid in session_pids(sid):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = proc_stat(pid)
         except OSError:  # gone since it was listed
             continue
-        fields = stat.rsplit(")", 1)[1].split()  # from field 3 (state) on
         total_ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
     return total_ticks / os.sysconf("SC_CLK_TCK")
 
@@ -1147,8 +1152,9 @@ async def interleaved(
                     await load.quiesce()  # e.g. timers it missed while paused
                     cpu0_s = {n: r.cpu_s() for n, r in others.items()}
                     try:
-                        for r in others.values():
-                            r.pause(st.pause_idle)
+                        if st.pause_idle:
+                            for r in others.values():
+                                r.pause(True)
                         samples = await load.run_arrivals(arr, deadline / 1000.0)
                         await load.quiesce()
                         others_cpu_s = {n: r.cpu_s() - cpu0_s[n] for n, r in others.items()}

@@ -37,6 +37,7 @@ from bench.peers import (
     parse_args,
     plot,
     poisson_arrivals_s,
+    proc_stat,
     profile_breakdown,
     server_command,
     session_cpu_s,
@@ -528,7 +529,7 @@ def test_a_paused_session_uses_no_cpu_until_it_is_continued() -> None:
             time.sleep(0.05)
         assert session_cpu_s(proc.pid) >= t0 + 0.2
         signal_session(proc.pid, signal.SIGSTOP)
-        while not all(_state(p) == "T" for p in session_pids(proc.pid)):
+        while not all(proc_stat(p)[0] == "T" for p in session_pids(proc.pid)):
             assert time.monotonic() < deadline, "the session did not stop"
             time.sleep(0.01)
         paused_s = session_cpu_s(proc.pid)
@@ -541,8 +542,3 @@ def test_a_paused_session_uses_no_cpu_until_it_is_continued() -> None:
     finally:
         signal_session(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def _state(pid: int) -> str:
-    """A process's state letter ("T": stopped), from /proc."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
