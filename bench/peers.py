@@ -50,7 +50,10 @@ An --interleave run takes each peer's knobs from the tuning runs on record (peer
 peers-quick*.json): those tuned under its arrival process (the first of --arrivals) at its
 deadline if any, else the nearest (another deadline, then Poisson arrivals), and says which.
 While one server is measured, the others are stopped (SIGSTOP; --no-pause-idle leaves them
-running), and each run's summary records the CPU seconds they used meanwhile.
+running), and each run's summary records the CPU seconds they used meanwhile. After the run,
+and for saved runs with `--report A.json[,B.json]` (their rounds pooled; any venv), it prints
+layerbatch's crossing over the best peer's with a bootstrap interval over the rounds
+(bench/peers_crossing.py).
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
 out/peers/. The pure parts (search, trace rescaling, summaries, table) are tested in
@@ -63,7 +66,6 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import itertools
 import json
 import math
 import os
@@ -83,13 +85,14 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for `bench.peers_crossing`
     sys.path.insert(0, str(ROOT))
+
+from bench.peers_crossing import THRESHOLD, ratio_interval, threshold_crossing  # noqa: E402
 
 SERVERS = ("layerbatch", "triton", "ray", "torchserve")
 PEERS = SERVERS[1:]
 MODELS = ("resnet18", "mobilenet_v2", "googlenet")
-THRESHOLD = 0.9
 TARGET_RATIO = 1.3  # the target: layerbatch's capacity over the best peer's
 SPEED_CHANGE_WARN = 0.15  # warn when the batched ceiling moved by more than this during a run
 WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
@@ -264,8 +267,8 @@ def mean_bound(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 def speed_warning(bound: dict[str, Any]) -> str | None:
     """One line when the machine's speed (`mean_bound`'s speed_change) moved by more than
-    SPEED_CHANGE_WARN during the run, else None."""
-    change = float(bound["speed_change"])
+    SPEED_CHANGE_WARN during the run, else None (also for runs that did not record it)."""
+    change = float(bound.get("speed_change", 1.0))
     if abs(change - 1.0) <= SPEED_CHANGE_WARN:
         return None
     return (
@@ -718,6 +721,7 @@ class Settings:
     rounds: int
     fold_peers: bool = False
     pause_idle: bool = True
+    report: list[Path] = field(default_factory=list)
 
 
 def arrivals_for(
@@ -1178,11 +1182,19 @@ async def interleaved(
     out["compute_bound"] = mean_bound(before, await asyncio.to_thread(bench.compute_bound, model))
     out["knobs"] = {s: k.label for s, k in knobs.items()}
     out["runs"] = runs
-    out["mean_on_time"] = {
-        s: {r: round(float(np.mean([x["on_time_ratio"] for x in v])), 4) for r, v in per.items()}
+    out["mean_on_time"] = mean_on_time(runs)
+    return out
+
+
+def mean_on_time(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
+    """Per server and rate, the mean on-time ratio over the rounds' summaries."""
+    return {
+        s: {
+            r: round(float(np.mean([x["on_time_ratio"] or 0.0 for x in v])), 4)
+            for r, v in per.items()
+        }
         for s, per in runs.items()
     }
-    return out
 
 
 def tuning_records(
@@ -1239,41 +1251,116 @@ def interleaved_main(
     doc["knobs_from"] = sources
     path = st.out.with_name("peers-interleaved.json")
     path.write_text(json.dumps(doc, indent=1))
-    rows = interleaved_results(doc)
-    bound = float(doc["compute_bound"]["rps"])
-    ceiling = float(doc["compute_bound"]["batched_rps"])
-    plot(rows, {model: bound}, path.with_suffix(".png"), {model: ceiling})
-    print(f"{'rate':>6}" + "".join(f"{s:>12}" for s in knobs))
-    for r in [f"{x:g}" for x in rates]:
-        print(f"{r:>6}" + "".join(f"{doc['mean_on_time'][s][r]:>12.3f}" for s in knobs))
-    for row in rows:
-        print(f"{row['server']}: crosses {THRESHOLD} at {capacity_text(row)} req/s")
-    print(f"compute bound {bound:g} req/s, batched ceiling {ceiling:g} (means of before and after)")
-    warning = speed_warning(doc["compute_bound"])
-    if warning:
-        print(warning)
-    peers = [v for server, v in crossings(rows).items() if server != "layerbatch"]
-    best_peer = max(peers, default=0.0)
-    if best_peer:
-        print(
-            f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is "
-            f"{TARGET_RATIO * best_peer:.1f}: {TARGET_RATIO * best_peer / ceiling:.2f} of the ceiling"
-        )
+    report_interleaved(doc, path.with_suffix(".png"), np.random.default_rng(st.seed))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
 
-def threshold_crossing(on_time: Mapping[float, float]) -> tuple[float, float | None]:
-    """From on-time ratios by rate: the highest rate below which every ratio is >= the
-    threshold (it trusts a lower failure, as the capacity search does; 0 if none), and where the
-    ratio crosses the threshold by linear interpolation between that rate and the next (None when
-    no two measured rates bracket it), to 0.1 req/s."""
-    pts = sorted(on_time.items())
-    ok = [r for r, _ in itertools.takewhile(lambda p: p[1] >= THRESHOLD, pts)]
-    crossing = None
-    if ok and len(ok) < len(pts):
-        (r0, v0), (r1, v1) = pts[len(ok) - 1], pts[len(ok)]
-        crossing = round(r0 + (r1 - r0) * (v0 - THRESHOLD) / (v0 - v1), 1)
-    return max(ok, default=0.0), crossing
+def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator) -> None:
+    """Print an --interleave document's table, crossings, bounds and layerbatch / best peer
+    with its interval over the rounds (`bench.peers_crossing`), and plot it to `png`."""
+    model = doc["model"]
+    rows = interleaved_results(doc)
+    bound = float(doc["compute_bound"]["rps"])
+    ceiling = doc["compute_bound"].get("batched_rps")  # not measured by the oldest runs
+    plot(rows, {model: bound}, png, {model: float(ceiling)} if ceiling else None)
+    servers = list(doc["mean_on_time"])
+    rates = sorted({float(r) for per in doc["mean_on_time"].values() for r in per})
+    print(f"{'rate':>6}" + "".join(f"{s:>12}" for s in servers))
+    for rate in rates:
+        cells = [doc["mean_on_time"][s].get(f"{rate:g}") for s in servers]
+        print(f"{rate:>6g}" + "".join(f"{'-' if v is None else f'{v:.3f}':>12}" for v in cells))
+    for row in rows:
+        print(f"{row['server']}: crosses {THRESHOLD} at {capacity_text(row)} req/s")
+    print(
+        f"compute bound {bound:g} req/s, batched ceiling "
+        + (f"{ceiling:g} (means of before and after)" if ceiling else "not measured")
+    )
+    warning = speed_warning(doc["compute_bound"])
+    if warning:
+        print(warning)
+    interval = ratio_interval(rounds_of(doc), rng)
+    if interval is not None:
+        print(f"layerbatch / best peer: {interval.text()}")
+    peers = [v for server, v in crossings(rows).items() if server != "layerbatch"]
+    best_peer = max(peers, default=0.0)
+    if best_peer:
+        share = f": {TARGET_RATIO * best_peer / ceiling:.2f} of the ceiling" if ceiling else ""
+        print(
+            f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is {TARGET_RATIO * best_peer:.1f}{share}"
+        )
+
+
+def rounds_of(doc: Mapping[str, Any]) -> dict[str, dict[float, list[float]]]:
+    """An --interleave document's on-time ratio of every round, by server and rate."""
+    return {
+        s: {float(r): [x["on_time_ratio"] or 0.0 for x in v] for r, v in per.items()}
+        for s, per in doc["runs"].items()
+    }
+
+
+def pool_interleaved(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Several --interleave documents of one model, deadline and arrival process as one: every
+    round of every rate kept, the means over them, the bounds' means. Raises ValueError naming
+    the first document that measured something else."""
+    first = docs[0]
+    cell = ("model", "deadline_ms", "arrival")
+    for doc, name in zip(docs, names, strict=True):
+        if any(doc.get(k) != first.get(k) for k in cell):
+            raise ValueError(
+                f"{name}: measured {doc.get('model')} at {doc.get('deadline_ms'):g} ms under "
+                f"{doc.get('arrival')} arrivals, expected the first file's {first.get('model')} at "
+                f"{first.get('deadline_ms'):g} ms under {first.get('arrival')}"
+            )
+    if len(docs) == 1:
+        return dict(first)
+    runs: dict[str, dict[str, list[Any]]] = {}
+    for doc in docs:
+        for server, per in doc["runs"].items():
+            for rate, rounds in per.items():
+                runs.setdefault(server, {}).setdefault(rate, []).extend(rounds)
+    bounds = [d["compute_bound"] for d in docs]
+    return {
+        **first,
+        "rounds": "/".join(str(r) for r in dict.fromkeys(d["rounds"] for d in docs)),
+        "runs": runs,
+        "mean_on_time": mean_on_time(runs),
+        "compute_bound": {  # each run's own, and their means (the speed warnings are per run)
+            "runs": bounds,
+            "rps": round(float(np.mean([b["rps"] for b in bounds])), 2),
+            "batched_rps": round(float(np.mean([b["batched_rps"] for b in bounds])), 2)
+            if all(b.get("batched_rps") for b in bounds)
+            else None,
+        },
+    }
+
+
+def report_main(paths: Sequence[Path], png: Path, seed: int) -> None:
+    """`--report`: the runs in `paths` pooled, reported as after an --interleave run."""
+    docs = []
+    for path in paths:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SystemExit(
+                f"--report: {path}: expected an --interleave JSON file ({exc})"
+            ) from None
+        if not isinstance(doc, dict) or "runs" not in doc or "mean_on_time" not in doc:
+            raise SystemExit(
+                f"--report: {path}: expected an --interleave JSON file (no runs by rate)"
+            )
+        docs.append(doc)
+    try:
+        doc = pool_interleaved(docs, [str(p) for p in paths])
+    except ValueError as exc:
+        raise SystemExit(f"--report: {exc}") from None
+    print(f"{doc['model']}, {doc['deadline_ms']:g} ms, {doc.get('arrival', 'poisson')}: "
+          f"{', '.join(p.name for p in paths)}")  # fmt: skip
+    for path, one in zip(paths, docs, strict=True):
+        warning = speed_warning(one["compute_bound"]) if len(docs) > 1 else None
+        if warning:
+            print(f"{path.name}: {warning}")
+    report_interleaved(doc, png, np.random.default_rng(seed))
+    print(f"wrote {png}")
 
 
 def crossings(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -1414,6 +1501,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     ap.add_argument("--rounds", type=int, default=2, help="--interleave: rounds over the rates")
     ap.add_argument(
+        "--report",
+        help="instead of the benchmark: report --interleave JSON files (comma list) of one model, "
+        "deadline and arrival process, their rounds pooled, with layerbatch / best peer and its "
+        "interval over the rounds; the plot goes to --out's PNG (default out/peers-report.png)",
+    )
+    ap.add_argument(
         "--pause-idle",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1432,6 +1525,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         [int(x) for x in (a.batches or ("4,8" if q else "1,4,8,16")).split(",")],
         [float(x) for x in (a.delays or ("5,20" if q else "1,5,20")).split(",")],
     )
+    if a.report:
+        a.out = a.out or "out/peers-report.json"
     out = Path(a.out or f"bench/results/{'peers-quick' if q else 'peers'}.json")
     return Settings(
         models=(a.models or ("resnet18" if q else ",".join(MODELS))).split(","),
@@ -1454,11 +1549,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         rounds=a.rounds,
         fold_peers=a.fold_peers,
         pause_idle=a.pause_idle,
+        report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
     )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     st = parse_args(argv)
+    if st.report:
+        report_main(st.report, st.out.with_suffix(".png"), st.seed)
+        return
     for s in st.servers:
         if s not in SERVERS:
             raise SystemExit(f"--servers: expected some of {', '.join(SERVERS)}, got {s!r}")

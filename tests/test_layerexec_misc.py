@@ -1,6 +1,6 @@
 """layerexec's smaller parts: activation memory and the batch bound, INT8 feature maps, the
 TensorRT backend (skipped without it), the profiler with a fake clock, the `profile` and
-`models` verbs, and the shipped CPU profiles."""
+`models` verbs, the shipped CPU profiles, and an image as a model's input."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 import torch
 import torch.fx as fx
@@ -19,6 +21,7 @@ from torch import nn
 
 import layerbatch
 from layerexec import trt, zoo
+from layerexec.images import rgb_tensor
 from layerexec.memory import batch_bound, nbytes, peak_activation_bytes
 from layerexec.profiler import max_abs_difference, profile_model, stacking_slowdown
 from layerexec.quant import dequantise, quantise
@@ -368,3 +371,26 @@ def test_shipped_cpu_profile_matches_the_zoo_model(path: Path) -> None:
     # measured on the model as the server loads it (batch norms folded, except the detector's)
     assert raw["batch_norm"] == ("folded" if m.batch_norm_folded else "as defined")
     Executor(Deployment([p]), {p.model: m})  # the executor accepts it
+
+
+# --- image input ---------------------------------------------------------------------------------
+@settings(max_examples=20, deadline=None)
+@given(
+    model=st.sampled_from(["mobilenet_v2", "resnet20_cifar10", "ultraface_slim320"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_rgb_tensor_is_the_per_channel_normalisation_in_float32(model: str, seed: int) -> None:
+    """(pixel - mean[c]) * (1 / std[c]) in float32, exactly; (C, H, W) viewed over channels-last
+    memory; resized to the model's input first."""
+    spec = zoo.spec(model)
+    _, h, w = spec.input_shape
+    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    mean = np.asarray(spec.pixel_mean, dtype=np.float32)
+    inv_std = np.float32(1.0) / np.asarray(spec.pixel_std, dtype=np.float32)
+    expected = (rgb.astype(np.float32) - mean) * inv_std
+    out = rgb_tensor(rgb, spec)
+    assert out.dtype == torch.float32 and tuple(out.shape) == (3, h, w)
+    assert out.permute(1, 2, 0).is_contiguous()
+    assert torch.equal(out.permute(1, 2, 0), torch.from_numpy(expected))
+    bigger = cv2.resize(rgb, (2 * w, 2 * h), interpolation=cv2.INTER_LINEAR)
+    assert tuple(rgb_tensor(bigger, spec).shape) == (3, h, w)

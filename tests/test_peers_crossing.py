@@ -1,0 +1,154 @@
+"""bench/peers_crossing.py: a server's crossing of the on-time threshold, layerbatch's over the
+best peer's with its bootstrap interval over rounds; and `bench/peers.py --report`, which pools
+saved --interleave runs of one cell and reports them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.peers import ROOT, pool_interleaved
+from bench.peers_crossing import edge_crossing, ratio_interval
+
+
+def test_edge_crossing_interpolates_or_names_the_edge_it_lies_beyond() -> None:
+    assert edge_crossing({10.0: 1.0, 20.0: 0.8}) == (15.0, "")
+    assert edge_crossing({10.0: 1.0, 20.0: 0.95}) == (20.0, "above")  # never under: 20 or later
+    assert edge_crossing({10.0: 0.5, 20.0: 0.95}) == (10.0, "below")  # under at once: 10 or before
+
+
+def test_rounds_that_agree_give_an_interval_of_one_point() -> None:
+    rounds = {
+        "layerbatch": {10.0: [1.0, 1.0], 20.0: [0.8, 0.8]},  # crosses at 15
+        "triton": {10.0: [0.95, 0.95], 20.0: [0.5, 0.5]},  # at 11.1
+        "ray": {10.0: [0.2, 0.2], 20.0: [0.1, 0.1]},  # under at once: counted at 10
+    }
+    got = ratio_interval(rounds, np.random.default_rng(0), draws=200)
+    assert got is not None
+    assert got.ratio == pytest.approx(15.0 / 11.1)  # crossings to 0.1 req/s
+    assert got.low == pytest.approx(got.ratio) and got.high == pytest.approx(got.ratio)
+    assert got.bound == ""  # the best peer's crossing was measured; ray's edge does not count
+
+
+def test_rounds_that_spread_widen_the_interval_around_the_point() -> None:
+    rng = np.random.default_rng(3)
+    rounds = {
+        "layerbatch": {10.0: [1.0, 0.98, 1.0], 20.0: [0.95, 0.6, 0.85], 30.0: [0.4, 0.7, 0.5]},
+        "torchserve": {10.0: [0.99, 0.7, 0.95], 20.0: [0.9, 0.3, 0.8], 30.0: [0.1, 0.2, 0.3]},
+    }
+    got = ratio_interval(rounds, rng, draws=500)
+    assert got is not None
+    assert got.low < got.ratio < got.high
+    again = ratio_interval(rounds, np.random.default_rng(3), draws=500)
+    assert again == got  # the generator passed in decides every draw
+    narrow = ratio_interval(rounds, np.random.default_rng(3), draws=500, level=0.5)
+    assert narrow is not None and got.low <= narrow.low <= narrow.high <= got.high
+    assert "90% of 500 resamplings" in got.text()
+
+
+def test_a_crossing_beyond_the_rates_makes_the_ratio_a_bound_in_its_direction() -> None:
+    rng = np.random.default_rng(0)
+    never_under = {10.0: [1.0], 20.0: [0.95]}  # 20 or later
+    crosses_15 = {10.0: [1.0], 20.0: [0.8]}
+    under_at_once = {10.0: [0.5], 20.0: [0.2]}  # 10 or before
+    cases = [
+        ({"layerbatch": never_under, "triton": crosses_15}, "at least", 20 / 15),
+        ({"layerbatch": crosses_15, "triton": under_at_once}, "at least", 15 / 10),
+        ({"layerbatch": under_at_once, "triton": crosses_15}, "at most", 10 / 15),
+        ({"layerbatch": crosses_15, "triton": never_under}, "at most", 15 / 20),
+        ({"layerbatch": never_under, "triton": never_under}, "beyond the rates both ways", 1.0),
+    ]
+    for rounds, bound, ratio in cases:
+        got = ratio_interval(rounds, rng, draws=20)
+        assert got is not None and got.bound == bound and got.ratio == pytest.approx(ratio)
+    assert got.text().startswith("1.00x") and got.text().endswith("both ways")
+    tie = {"layerbatch": crosses_15, "ray": under_at_once, "triton": {10.0: [0.9], 20.0: [0.5]}}
+    got = ratio_interval(tie, rng, draws=20)  # triton crosses at 10 exactly, ray at 10 or before
+    assert got is not None and got.bound == "" and got.ratio == pytest.approx(1.5)
+    assert ratio_interval({"layerbatch": crosses_15}, rng) is None  # no peer
+    assert ratio_interval({"triton": crosses_15, "ray": crosses_15}, rng) is None  # no layerbatch
+
+
+def _doc(rounds: dict[str, dict[str, list[float]]], **extra: Any) -> dict[str, Any]:
+    """An --interleave document with these on-time ratios by server, rate and round."""
+    runs = {
+        s: {r: [{"on_time_ratio": v} for v in vs] for r, vs in per.items()}
+        for s, per in rounds.items()
+    }
+    return {
+        "model": "resnet18",
+        "deadline_ms": 300.0,
+        "arrival": "azure",
+        "rounds": max(len(vs) for per in rounds.values() for vs in per.values()),
+        "knobs": {"layerbatch": "default", "torchserve": "B=8,20ms"},
+        "runs": runs,
+        "mean_on_time": {
+            s: {r: float(np.mean(vs)) for r, vs in per.items()} for s, per in rounds.items()
+        },
+        "compute_bound": {"rps": 30.0, "batched_rps": 45.0, "speed_change": 1.0},
+        **extra,
+    }
+
+
+def test_pooling_keeps_every_round_of_every_rate_and_refuses_another_cell() -> None:
+    a = _doc({"layerbatch": {"5": [1.0, 0.9]}, "torchserve": {"5": [0.8, 0.6]}})
+    b = _doc({"layerbatch": {"5": [0.7], "7": [0.8]}, "torchserve": {"5": [0.5], "7": [0.2]}})
+    b["compute_bound"] = {"rps": 34.0, "batched_rps": 47.0, "speed_change": 1.0}
+    pooled = pool_interleaved([a, b], ["a.json", "b.json"])
+    assert [x["on_time_ratio"] for x in pooled["runs"]["layerbatch"]["5"]] == [1.0, 0.9, 0.7]
+    assert pooled["mean_on_time"]["torchserve"] == {"5": pytest.approx(0.6333, abs=1e-4), "7": 0.2}
+    assert pooled["compute_bound"]["rps"] == 32.0 and pooled["compute_bound"]["batched_rps"] == 46.0
+    assert pooled["rounds"] == "2/1"
+    assert pool_interleaved([a], ["a.json"]) == a
+    other = _doc({"layerbatch": {"5": [1.0]}}, deadline_ms=1000.0)
+    with pytest.raises(ValueError, match=r"b\.json: measured resnet18 at 1000 ms under azure"):
+        pool_interleaved([a, other], ["a.json", "b.json"])
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "peers.py"), "--report", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path: Path) -> None:
+    a = _doc(
+        {
+            "layerbatch": {"4": [1.0, 0.95], "8": [0.85, 0.75]},
+            "torchserve": {"4": [0.9, 0.8], "8": [0.3, 0.5]},
+        }
+    )
+    b = _doc({"layerbatch": {"6": [0.95, 0.9]}, "torchserve": {"6": [0.6, 0.7]}})
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, doc in zip(paths, (a, b), strict=True):
+        path.write_text(json.dumps(doc))
+    out = tmp_path / "pooled.json"
+    done = _report(",".join(str(p) for p in paths), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "resnet18, 300 ms, azure: a.json, b.json"
+    assert "     6       0.925       0.650" in lines  # b's rate between a's
+    assert "layerbatch: crosses 0.9 at 6.4 req/s" in lines  # between 6 (0.925) and 8 (0.8)
+    assert "torchserve: crosses 0.9 at below 4 req/s" in lines  # 0.85 at 4 already
+    ratio = next(line for line in lines if line.startswith("layerbatch / best peer:"))
+    assert "resamplings of the rounds" in ratio
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_report_names_a_file_that_is_not_an_interleaved_run(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"table": []}))
+    done = _report(str(bad))
+    assert done.returncode != 0
+    assert f"--report: {bad}: expected an --interleave JSON file" in done.stderr
+    done = _report(str(tmp_path / "missing.json"))
+    assert (
+        done.returncode != 0 and "missing.json: expected an --interleave JSON file" in done.stderr
+    )
