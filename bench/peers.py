@@ -1359,6 +1359,13 @@ def report_main(paths: Sequence[Path], png: Path, seed: int) -> None:
         warning = speed_warning(one["compute_bound"]) if len(docs) > 1 else None
         if warning:
             print(f"{path.name}: {warning}")
+    ceilings = [d["compute_bound"].get("batched_rps") or 0.0 for d in docs]
+    if min(ceilings) > 0 and max(ceilings) / min(ceilings) > 1.0 + SPEED_CHANGE_WARN:
+        print(
+            f"warning: these runs' batched ceilings differ ({min(ceilings):.1f} to "
+            f"{max(ceilings):.1f} req/s): pooled, their rounds mix machine speeds, so read each "
+            "run on its own as well"
+        )
     report_interleaved(doc, png, np.random.default_rng(seed))
     print(f"wrote {png}")
 

@@ -7,7 +7,8 @@ The rounds of one rate spread widely on a shared machine (0.1-0.6 apart), so a r
 a percentile bootstrap over rounds: each draw resamples, for every server and rate on its own,
 as many rounds as were measured there, with replacement; takes each server's crossing of the
 resampled means; and keeps layerbatch's crossing over the best peer's. The interval is the
-central `level` of those ratios.
+central `level` of those ratios. It shows how far the run's own rounds disagree; with three
+rounds a rate it can only recombine those three, so it understates how far another run may land.
 
 A crossing outside the measured rates has no value, so for the ratio a server that never falls
 under the threshold counts as crossing at the highest rate (it crosses there or later) and one

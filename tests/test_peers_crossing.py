@@ -140,6 +140,12 @@ def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path
     ratio = next(line for line in lines if line.startswith("layerbatch / best peer:"))
     assert "resamplings of the rounds" in ratio
     assert out.with_suffix(".png").stat().st_size > 0
+    assert not any("ceilings differ" in line for line in lines)  # 45 req/s both
+
+    b["compute_bound"] = {"rps": 30.0, "batched_rps": 60.0, "speed_change": 1.0}
+    paths[1].write_text(json.dumps(b))
+    done = _report(",".join(str(p) for p in paths), "--out", str(out))
+    assert "warning: these runs' batched ceilings differ (45.0 to 60.0 req/s)" in done.stdout
 
 
 def test_report_names_a_file_that_is_not_an_interleaved_run(tmp_path: Path) -> None:

@@ -589,9 +589,11 @@ async def test_server_plans_equal_simulator_plans(aiohttp_client: Any, policy: s
     rgb = synthetic_rgb(32, 32, seed=5)
     with StageGate(runtime, FACES, 0) as gate:
         gate.close()
-        # a short deadline, so that nexus (which waits to fill a batch until the oldest
-        # request's budget runs out) starts the first batch soon
-        first = infer_doc(face, app=FACES, request_id="f0", deadline_ms=150.0)
+        # a deadline short enough that nexus (which waits to fill a batch until the oldest
+        # request's budget runs out) starts the first batch within a second, and long enough
+        # that a stall of the test process cannot drop the request before it reaches the gate
+        # (at 150 ms it once never reached it in a full run)
+        first = infer_doc(face, app=FACES, request_id="f0", deadline_ms=1000.0)
         tasks = [asyncio.create_task(infer(client, first))]
         await gate.held()
         for i in range(6):
