@@ -88,6 +88,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: the repository root, for `bench.peers_crossing`
     sys.path.insert(0, str(ROOT))
 
+from bench.peers_busy import busy_counters, busy_line, busy_shares  # noqa: E402
 from bench.peers_crossing import THRESHOLD, ratio_interval, threshold_crossing  # noqa: E402
 
 SERVERS = ("layerbatch", "triton", "ray", "torchserve")
@@ -608,6 +609,13 @@ class Load:
     async def close(self) -> None:
         await self.session.close()
 
+    async def busy(self) -> dict[str, float] | None:
+        """layerbatch's busy counters (bench/peers_busy.py); None for the peers."""
+        if self.run.server != "layerbatch":
+            return None
+        async with self.session.get(self.run.url + "/metrics") as r:
+            return busy_counters(await r.text())
+
     async def one(self, i: int, give_up_s: float) -> tuple[str, float, int | None]:
         import aiohttp
 
@@ -1082,7 +1090,9 @@ async def profile_layerbatch(
             out["metrics"] = [
                 ln
                 for ln in (await r.text()).splitlines()
-                if ln.startswith(("layerbatch_plan", "layerbatch_step", "layerbatch_batch"))
+                if ln.startswith(
+                    ("layerbatch_plan", "layerbatch_step", "layerbatch_batch", "layerbatch_busy")
+                )
                 and not ln.startswith("#")
             ][:80]
         async with aiohttp.ClientSession() as s, s.get(f"{run.url}/v1/status") as r:
@@ -1159,7 +1169,10 @@ async def interleaved(
                         if st.pause_idle:
                             for r in others.values():
                                 r.pause(True)
+                        busy0, t0_s = await load.busy(), time.monotonic()
                         samples = await load.run_arrivals(arr, deadline / 1000.0)
+                        wall_ms = (time.monotonic() - t0_s) * 1000.0
+                        busy1 = await load.busy()
                         await load.quiesce()
                         others_cpu_s = {n: r.cpu_s() - cpu0_s[n] for n, r in others.items()}
                     finally:
@@ -1167,12 +1180,15 @@ async def interleaved(
                             r.pause(False)
                     s = summarize(samples, deadline, dur)
                     s["others_cpu_s"] = {n: round(v, 2) for n, v in others_cpu_s.items()}
+                    if busy0 is not None and busy1 is not None:
+                        s["busy_share"] = busy_shares(busy0, busy1, wall_ms)
                     runs[server].setdefault(f"{rate:g}", []).append(s)
                     print(
                         f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
                         f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
                         f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} "
-                        f"timeouts {s['timeouts']} others' CPU {sum(others_cpu_s.values()):.1f} s",
+                        f"timeouts {s['timeouts']} others' CPU {sum(others_cpu_s.values()):.1f} s"
+                        + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else ""),
                         flush=True,
                     )
     finally:

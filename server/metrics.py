@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 COMPLETION_BUCKETS_MS = (5, 10, 20, 50, 100, 150, 200, 300, 500, 1000, 2000, 5000)
@@ -52,6 +52,9 @@ class Metrics:
         self.step_gap = Histogram(GAP_BUCKETS_MS)
         self.preempted = 0
         self.stacked = 0  # actions run beside another (stacking)
+        # milliseconds of work by kind: "step" (the executor thread's actions, preempted ones
+        # too), "decode" (inputs, on whichever thread decodes), "stacked" (the second lane)
+        self.busy_ms: defaultdict[str, float] = defaultdict(float)
 
     def answer(self, app: str, status: str, total_ms: float | None, on_time: bool) -> None:
         self.answered[(app, status)] += 1
@@ -78,6 +81,9 @@ class Metrics:
         lines.append(f"layerbatch_preempted_total {self.preempted}")
         lines.append("# TYPE layerbatch_stacked_total counter")
         lines.append(f"layerbatch_stacked_total {self.stacked}")
+        lines.append("# TYPE layerbatch_busy_ms_total counter")
+        for work, ms in sorted(self.busy_ms.items()):
+            lines.append(f'layerbatch_busy_ms_total{{work="{work}"}} {ms:g}')
         lines.append("# TYPE layerbatch_completion_ms histogram")
         for app, h in sorted(self.completion.items()):
             lines += h.lines("layerbatch_completion_ms", f'app="{app}"')

@@ -352,8 +352,9 @@ class Runtime:
         return tensor, self.clock() - started
 
     def _observe_decode(self, took_ms: float) -> None:
-        """Fold one decode's time into `decode_ms` (EWMA)."""
+        """Fold one decode's time into `decode_ms` (EWMA) and the busy time."""
         self.decode_ms = ewma(self.decode_ms, took_ms, CALIBRATION_WEIGHT)
+        self.metrics.busy_ms["decode"] += took_ms
 
     def _decode(self, req: InferRequest) -> torch.Tensor:
         if req.jpeg is not None:
@@ -477,6 +478,7 @@ class Runtime:
             p = self.pending.get(rid)
             if p is not None and p.first_run_ms is None:
                 p.first_run_ms = started
+        self.metrics.busy_ms["step"] += ended - started
         done = progress.stages_done
         if progress.cancelled:
             self.metrics.preempted += 1
@@ -540,6 +542,7 @@ class Runtime:
         ended = self.clock()
         done = progress.stages_done
         self.metrics.stacked += 1
+        self.metrics.busy_ms["stacked"] += ended - started
         self._account(progress, ended - started, self.engine.finish_beside(done))
         self._replan_now()
 

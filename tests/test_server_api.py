@@ -784,6 +784,14 @@ async def test_each_step_starts_before_the_loop_settles_the_one_before(
     assert metric(text, "layerbatch_step_gap_ms_count") == len(gaps)
     assert metric(text, "layerbatch_step_gap_ms_sum") == pytest.approx(sum(gaps), abs=1e-3)
     assert all(g >= 0 for g in gaps)
+    # the executor thread's busy time is its steps' own times, and the one decode's
+    steps_ms = sum(ended[k] - started[k] for k in steps)
+    assert metric(text, "layerbatch_busy_ms_total", work="step") == pytest.approx(
+        steps_ms, abs=1e-3
+    )
+    assert metric(text, "layerbatch_busy_ms_total", work="decode") == pytest.approx(
+        runtime.decode_ms, abs=1e-3
+    )
     # an EWMA of them, rounded to the microsecond in /v1/status
     assert min(gaps) - 5e-4 <= runtime.status()["step_gap_ms"] <= max(gaps) + 5e-4
 
