@@ -31,7 +31,7 @@ class Histogram:
         for bound, count in zip((*self.bounds, "+Inf"), self.counts, strict=True):
             running += count
             out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
-        out.append(f"{name}_sum{{{labels}}} {self.total:g}")
+        out.append(f"{name}_sum{{{labels}}} {self.total!r}")  # full precision
         out.append(f"{name}_count{{{labels}}} {self.n}")
         return out
 
@@ -83,7 +83,7 @@ class Metrics:
         lines.append(f"layerbatch_stacked_total {self.stacked}")
         lines.append("# TYPE layerbatch_busy_ms_total counter")
         for work, ms in sorted(self.busy_ms.items()):
-            lines.append(f'layerbatch_busy_ms_total{{work="{work}"}} {ms:g}')
+            lines.append(f'layerbatch_busy_ms_total{{work="{work}"}} {ms!r}')
         lines.append("# TYPE layerbatch_completion_ms histogram")
         for app, h in sorted(self.completion.items()):
             lines += h.lines("layerbatch_completion_ms", f'app="{app}"')

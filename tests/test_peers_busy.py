@@ -41,3 +41,10 @@ def test_a_run_without_duration_is_refused() -> None:
     zero = busy_counters(Metrics().render({}))
     with pytest.raises(ValueError, match="wall_ms"):
         busy_shares(zero, zero, 0.0)
+
+
+def test_counters_keep_full_precision_on_a_long_running_server() -> None:
+    """A day of work is about 1e8 ms; a 20 s window must still read to the microsecond."""
+    before = busy_counters(page(86_400_000.125, 0.0, [], []))
+    after = busy_counters(page(86_420_000.625, 0.0, [], []))
+    assert after["steps"] - before["steps"] == 20_000.5
