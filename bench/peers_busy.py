@@ -4,9 +4,9 @@ The server counts milliseconds of work by kind (`layerbatch_busy_ms_total{work=.
 the executor thread, decodes, stacked actions), the hand-offs between two steps
 (`layerbatch_step_gap_ms_sum`) and its planning (`layerbatch_plan_us_sum`, on the loop thread,
 beside the steps). Each share is the counter's growth over the run divided by the run's wall
-time: steps + decodes + gaps near 1 means the executor thread never waited for work. Decodes
-on the executor thread run between steps, inside the gaps, so the gaps' share here counts
-them too and the shares can add to more than 1.
+time. Decodes on the executor thread run between steps, inside the gaps, so there the gaps'
+share counts them too (the shares can add to more than 1), and steps + gaps near 1 means the
+executor thread never waited for work.
 """
 
 from __future__ import annotations
