@@ -175,6 +175,12 @@ def parser() -> argparse.ArgumentParser:
         help="serve the models as defined (default: batch norms folded into the convolutions "
         "before them at load: the same function up to float rounding, 4-29%% faster on a CPU)",
     )
+    srv.add_argument(
+        "--step-log",
+        metavar="FILE",
+        help="write every step it runs to FILE, one JSON line each (model, stages, batch, ms; "
+        "bench/step_replay.py replays it alone)",
+    )
     srv.set_defaults(func=cmd_serve)
 
     cli = sub.add_parser("client", help="a mobile client: frames run locally, sent, or split")
@@ -926,6 +932,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     runtime = build_runtime(
         apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
         ns.threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
+        step_log=Path(ns.step_log) if ns.step_log else None,
     )  # fmt: skip
     yield_to_torch()  # this thread runs the event loop; the models run on the runtime's thread
     config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)

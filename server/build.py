@@ -20,6 +20,7 @@ from scheduler.errors import InputError
 from scheduler.profile import Profile, dumps_profile, load_profile
 from scheduler.types import App
 from server.runtime import Runtime
+from server.step_log import StepLog
 
 DEFAULT_APPS = ("resnet18", "mobilenet_v2", "googlenet", "resnet20_cifar10", "ultraface_slim320")
 BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "traces" / "data" / "profiles"
@@ -67,12 +68,14 @@ def build_runtime(
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
     fold_batch_norm: bool = True,
     decode_threads: int | None = None,
+    step_log: Path | None = None,
 ) -> Runtime:
     """A runtime serving each named model as an app of its own name (batch norms folded into
     the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
     activation memory stays in the process from here on (`layerexec.allocator`). The models are
     loaded, profiled if need be and warmed up on the runtime's executor thread, and the calling
-    thread runs no torch op (`layerexec.torch_thread`)."""
+    thread runs no torch op (`layerexec.torch_thread`). With `step_log`, every step is written
+    there (`server.step_log`)."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -81,6 +84,7 @@ def build_runtime(
         raise InputError(
             "--apps", "", f"a comma list of {', '.join(sorted(zoo.MODELS))}", ",".join(unknown)
         )
+    log = None if step_log is None else StepLog(step_log)  # a bad path fails before loading
     thread = TorchThread()
 
     def build() -> Runtime:  # on `thread`
@@ -90,7 +94,7 @@ def build_runtime(
         memory = None if memory_mb is None else memory_mb * 2**20
         runtime = Runtime(
             deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
-            decode_threads=decode_threads, torch_thread=thread,
+            decode_threads=decode_threads, torch_thread=thread, step_log=log,
         )  # fmt: skip
         warm_up(runtime)
         return runtime
@@ -99,6 +103,8 @@ def build_runtime(
         return thread.call(build)
     except BaseException:
         thread.close()
+        if log is not None:
+            log.close()
         raise
 
 

@@ -69,6 +69,7 @@ from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
 from server.results import describe
+from server.step_log import StepLog
 from server.wire import InferRequest
 
 Clock = Callable[[], float]  # milliseconds, monotonic
@@ -122,9 +123,11 @@ class Runtime:
         calibrate: bool = True,
         decode_threads: int | None = None,
         torch_thread: TorchThread | None = None,
+        step_log: StepLog | None = None,
     ) -> None:
         """`torch_thread`: the thread the models were loaded on, to run the steps on (and this
-        constructor on, as it moves the weights: `layerexec.torch_thread`); a new one if None."""
+        constructor on, as it moves the weights: `layerexec.torch_thread`); a new one if None.
+        `step_log`: where every step it runs is written (`server.step_log`); closed by `stop`."""
         self.deployment = deployment
         self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
@@ -151,6 +154,7 @@ class Runtime:
         self.accepting = True
         self.failure: str | None = None  # why the runner stopped, if it did (see _fail)
         self.started_ms = clock()
+        self.step_log = step_log
         self._ids = itertools.count()
         self._kick: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -209,6 +213,8 @@ class Runtime:
         if self._decode_pool is not self._exec_pool:
             self._decode_pool.shutdown(wait=False)
         self.executor.close()
+        if self.step_log is not None:
+            self.step_log.close()
 
     # --- what apps there are ---------------------------------------------------------------
     def app_lengths(self) -> dict[str, int]:
@@ -490,7 +496,7 @@ class Runtime:
             planned = sum(p * f for p, f in zip(profiled, scales, strict=True))
             self.metrics.step_ratio.observe((ended - started) / max(planned, 1e-6))
             self._calibrate(model, k0, profiled, ended - started)
-        self._account(progress, ended - started, finished)
+        self._account(progress, "step", started, ended - started, finished)
 
     def _run_timed(
         self,
@@ -543,13 +549,28 @@ class Runtime:
         done = progress.stages_done
         self.metrics.stacked += 1
         self.metrics.busy_ms["stacked"] += ended - started
-        self._account(progress, ended - started, self.engine.finish_beside(done))
+        self._account(
+            progress, "stacked", started, ended - started, self.engine.finish_beside(done)
+        )
         self._replan_now()
 
-    def _account(self, progress: Progress, took_ms: float, finished: list[Request]) -> None:
-        """Metrics and per-request times of an executed action; answer the requests it
-        finished (`finished`: what the engine says finished their app)."""
+    def _account(
+        self,
+        progress: Progress,
+        lane: str,
+        started_ms: float,
+        took_ms: float,
+        finished: list[Request],
+    ) -> None:
+        """Metrics, the step log and per-request times of an action that ran on `lane`
+        (`server.step_log`); answer the requests it finished (`finished`: what the engine says
+        finished their app)."""
         action, done, batch = progress.action, progress.stages_done, progress.batch_size
+        if self.step_log is not None:
+            self.step_log.write(
+                lane, started_ms - self.started_ms, action.model, action.stages[0], done, batch,
+                took_ms, progress.cancelled,
+            )  # fmt: skip
         if batch:
             self.metrics.ran(action.model, range(action.stages[0], action.stages[0] + done), batch)
         for rid in action.request_ids:

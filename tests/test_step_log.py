@@ -1,0 +1,111 @@
+"""The step log (`layerbatch serve --step-log`, server/step_log.py) and its replay
+(bench/step_replay.py): the server writes every step it ran, a real replay runs them again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import layerbatch
+from bench.step_replay import Step, parse_beside, read_steps, replay
+from scheduler.errors import InputError
+from server.build import build_runtime
+from server.step_log import StepLog
+from tests.server_cases import CIFAR, infer, infer_doc, serve, small_jpeg
+
+
+def line(**over: Any) -> str:
+    d = {"t_ms": 1.0, "lane": "step", "model": CIFAR, "first_stage": 0, "stages": 3,
+         "batch": 2, "ms": 1.5, "cancelled": False}  # fmt: skip
+    return json.dumps({**d, **over})
+
+
+def test_a_step_that_ran_nothing_is_not_written(tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "s.jsonl")
+    log.write("step", 5.0, CIFAR, 2, 0, 4, 0.1, True)  # cancelled before its first stage
+    log.write("stacked", 6.25, CIFAR, 2, 3, 4, 2.5, False)
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert lines == [
+        {"t_ms": 6.25, "lane": "stacked", "model": CIFAR, "first_stage": 2, "stages": 3,
+         "batch": 4, "ms": 2.5, "cancelled": False}
+    ]  # fmt: skip
+
+
+def test_a_path_it_cannot_write_is_named_before_any_model_loads(tmp_path: Path) -> None:
+    where = tmp_path / "no-such-folder" / "s.jsonl"
+    with pytest.raises(
+        InputError, match=r"--step-log .*no-such-folder/s\.jsonl: expected a file it can write"
+    ):
+        build_runtime([CIFAR], step_log=where)
+
+
+def test_the_cli_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = layerbatch.main(
+        ["serve", "--apps", CIFAR, "--step-log", str(tmp_path / "nope" / "s.jsonl")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "s.jsonl: expected a file it can write (No such file or directory)" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.asyncio
+async def test_the_server_logs_every_step_it_ran(aiohttp_client: Any, tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    runtime = build_runtime([CIFAR], threads=1, decode_threads=1, step_log=path)
+    runtime.calibrate = False
+    client = await serve(aiohttp_client, runtime)
+    answers = await asyncio.gather(
+        *(infer(client, infer_doc(small_jpeg(i), request_id=f"r{i}")) for i in range(3))
+    )
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200
+        assert (answer["status"], answer["request_id"]) == ("ok", f"r{i}")
+    steps = [json.loads(x) for x in path.read_text().splitlines()]
+    assert steps and {s["lane"] for s in steps} == {"step"}
+    assert {s["model"] for s in steps} == {CIFAR}
+    # every request went through every stage: the stage-samples add up
+    n_stages = runtime.deployment.profiles[CIFAR].num_stages
+    done = sum(s["stages"] * s["batch"] for s in steps if not s["cancelled"])
+    assert done == 3 * n_stages
+    assert all(s["ms"] > 0 and s["t_ms"] >= 0 for s in steps)
+    times = [s["t_ms"] for s in steps]
+    assert times == sorted(times)
+    # the same time /metrics counts as the executor's steps
+    assert sum(s["ms"] for s in steps) == pytest.approx(runtime.metrics.busy_ms["step"], abs=0.01)
+
+
+def test_replay_reads_only_uncancelled_steps_of_the_executor_thread(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        "\n".join([line(), line(lane="stacked"), line(cancelled=True), line(first_stage=3)])
+    )
+    assert read_steps(path) == [Step(CIFAR, 0, 3, 2, 1.5), Step(CIFAR, 3, 3, 2, 1.5)]
+
+
+def test_replay_names_the_line_that_is_not_a_step(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(line() + "\n" + json.dumps({"t_ms": 1}) + "\n")
+    with pytest.raises(SystemExit, match=r"s\.jsonl:2: expected a step log line"):
+        read_steps(path)
+
+
+@pytest.mark.parametrize("bad", ["10", "10:1.5", "25:0.1", "x:0.1"])
+def test_beside_must_be_nice_and_share(bad: str) -> None:
+    with pytest.raises(SystemExit, match="--beside: expected"):
+        parse_beside(bad)
+
+
+def test_replay_runs_the_logged_steps_alone_and_beside_a_burner() -> None:
+    steps = [Step(CIFAR, 0, 4, 2, 10.0), Step(CIFAR, 4, 3, 1, 5.0), Step(CIFAR, 0, 7, 3, 20.0)]
+    totals = replay(steps, [(0, 0.2)], chunk=2, rounds=2)
+    assert set(totals) == {CIFAR, "all"}
+    t = totals["all"]
+    assert t["logged"] == pytest.approx(2 * 35.0)  # summed over both rounds
+    assert t["alone"] > 0 and t["beside"] > 0
+    assert totals[CIFAR] == t
