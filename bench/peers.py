@@ -458,6 +458,7 @@ def server_command(
     port: int,
     policy: str,
     fold_peers: bool = False,
+    step_log: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEERS_TORCH_THREADS": str(THREADS)}
     env["PEERS_FOLD_BN"] = "1" if fold_peers else "0"
@@ -466,6 +467,8 @@ def server_command(
         cmd = [str(MAIN_PY), "-m", "layerbatch", "serve", "--apps", model]
         cmd += ["--threads", str(THREADS), "--port", str(port), "--policy", policy]
         cmd += ["--deadline-ms", f"{deadline_ms:g}"]
+        if step_log is not None:
+            cmd += ["--step-log", str(step_log)]
         return cmd, env
     py = sys.executable
     common = ["--model", model, "--port", str(port), "--max-batch", str(knobs.max_batch)]
@@ -537,13 +540,18 @@ class Running:
         logdir: Path,
         policy: str = "dp-tardy",
         fold_peers: bool = False,
+        step_log: bool = False,
     ) -> None:
+        """`step_log`: layerbatch writes its steps beside its log, as .steps.jsonl."""
         self.server, self.model, self.knobs = server, model, knobs
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd, env = server_command(server, model, knobs, deadline_ms, self.port, policy, fold_peers)
         logdir.mkdir(parents=True, exist_ok=True)
         self.log = logdir / f"{server}-{model}-{knobs.label.replace(',', '_')}-{self.port}.log"
+        steps = self.log.with_suffix(".steps.jsonl") if step_log else None
+        cmd, env = server_command(
+            server, model, knobs, deadline_ms, self.port, policy, fold_peers, steps
+        )
         self._logf = self.log.open("wb")
         self.proc = subprocess.Popen(
             cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
@@ -730,6 +738,7 @@ class Settings:
     fold_peers: bool = False
     pause_idle: bool = True
     report: list[Path] = field(default_factory=list)
+    step_log: bool = False
 
 
 def arrivals_for(
@@ -811,8 +820,9 @@ class Bench:
 
     async def start(self, server: str, model: str, knobs: Knobs, deadline: float) -> Load:
         run = Running(
-            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers
-        )
+            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers,
+            self.st.step_log,
+        )  # fmt: skip
         load = Load(run, self.frames, deadline)
         try:
             await load.ready()
@@ -1170,7 +1180,9 @@ async def interleaved(
                             for r in others.values():
                                 r.pause(True)
                         busy0, t0_s = await load.busy(), time.monotonic()
+                        client0_s = time.process_time()
                         samples = await load.run_arrivals(arr, deadline / 1000.0)
+                        client_cpu_s = time.process_time() - client0_s
                         wall_ms = (time.monotonic() - t0_s) * 1000.0
                         busy1 = await load.busy()
                         await load.quiesce()
@@ -1180,6 +1192,7 @@ async def interleaved(
                             r.pause(False)
                     s = summarize(samples, deadline, dur)
                     s["others_cpu_s"] = {n: round(v, 2) for n, v in others_cpu_s.items()}
+                    s["client_cpu_share"] = round(client_cpu_s * 1000.0 / wall_ms, 4)
                     if busy0 is not None and busy1 is not None:
                         s["busy_share"] = busy_shares(busy0, busy1, wall_ms)
                     runs[server].setdefault(f"{rate:g}", []).append(s)
@@ -1187,7 +1200,8 @@ async def interleaved(
                         f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
                         f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
                         f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} "
-                        f"timeouts {s['timeouts']} others' CPU {sum(others_cpu_s.values()):.1f} s"
+                        f"timeouts {s['timeouts']} others' CPU {sum(others_cpu_s.values()):.1f} s "
+                        f"client {s['client_cpu_share']:.0%} of a core"
                         + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else ""),
                         flush=True,
                     )
@@ -1507,6 +1521,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     ap.add_argument("--tol", type=float, help="final search: stop when hi/lo <= 1 + tol")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policy", default="dp-tardy", help="layerbatch's policy")
+    ap.add_argument(
+        "--step-log",
+        action="store_true",
+        help="layerbatch writes every step it runs beside its log (LOGDIR/*.steps.jsonl), for "
+        "bench/step_replay.py",
+    )
     ap.add_argument("--out", help="JSON path (the PNG is beside it)")
     ap.add_argument(
         "--profile",
@@ -1564,6 +1584,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         tune_tol=0.15,
         seed=a.seed,
         policy=a.policy,
+        step_log=a.step_log,
         out=out if out.is_absolute() else ROOT / out,
         logdir=ROOT / "out" / "peers",
         profile_s=a.profile,
@@ -1590,6 +1611,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
     trace = load_timestamps(AZURE_TRACE)
     st.logdir.mkdir(parents=True, exist_ok=True)
+    st.out.parent.mkdir(parents=True, exist_ok=True)  # now, not after hours of runs
     if st.profile_s > 0:
         profile_main(st, frames)
         return
@@ -1627,7 +1649,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         "results": bench.results,
         "tuning": bench.tuning,
     }
-    st.out.parent.mkdir(parents=True, exist_ok=True)
     st.out.write_text(json.dumps(doc, indent=1, default=str))
     plot(bench.results, bounds, st.out.with_suffix(".png"), ceilings)
     print(f"wrote {st.out} and {st.out.with_suffix('.png')} in {doc['elapsed_s']} s")

@@ -291,6 +291,18 @@ def test_every_server_gets_the_same_threads_and_fold_only_reaches_the_peers(fold
             assert env["PEERS_FOLD_BN"] == ("1" if fold else "0")
 
 
+def test_only_layerbatch_is_asked_for_a_step_log(tmp_path: Path) -> None:
+    log = tmp_path / "s.steps.jsonl"
+    for server in ("layerbatch", "triton", "ray", "torchserve"):
+        cmd, _ = server_command(server, "resnet18", Knobs(), 300.0, 9000, "dp-tardy", False, log)
+        if server == "layerbatch":
+            assert cmd[cmd.index("--step-log") + 1] == str(log)
+        else:
+            assert "--step-log" not in cmd
+    cmd, _ = server_command("layerbatch", "resnet18", Knobs(), 300.0, 9000, "dp-tardy")
+    assert "--step-log" not in cmd
+
+
 def test_a_peer_given_the_folded_model_answers_as_the_plain_one() -> None:
     from bench.peers_model import Model
 
