@@ -17,10 +17,17 @@ to small tensors (below torch's grain size nothing runs in parallel) or numpy.
 
 When torch's threads take every core, any other thread that runs (a server's event loop: HTTP,
 planning, answers) takes a core from one of them, and the other spins at the op's barrier until
-it is back. `yield_to_torch` lowers the calling thread's priority (nice 10) so the kernel runs it
-in the gaps instead. Measured here, A/B under the same Poisson arrivals (mobilenet_v2, 300 ms
-deadline, 2 cores): on time 0.818 -> 0.845 at 86 req/s and 0.667 -> 0.742 at 100 req/s, the
-executor's step time a sample 10.1 -> 9.4 ms; nice 19 did no better than 10.
+it is back. `yield_to_torch` lowers the calling thread's priority (nice 5) so the kernel runs it
+mostly in the gaps instead. Too low a priority costs more than it saves: the loop is where a
+request comes in and its answer goes out, and a starved loop receives late, so the client's
+deadline is nearer than the server counts. Measured here (mobilenet_v2, 300 ms deadline, 2
+cores, Poisson load, runs alternating): from nice 0 to 10 the executor's step time a sample went
+10.1 -> 9.4 ms, but the client's latency over the server's own went from 4 to 17-20 ms (median;
+p99 15 -> 55-70) and requests timed out at the client that the server was still running. At 90
+req/s, four pairs, nice 10 then 5: 0.665/0.966, 0.899/0.829, 0.513/0.603, 0.567/0.711 on time
+(mean 0.661 -> 0.778), the lag 16-19 -> 10 ms; at 95 req/s nice 5 also beat nice 0, 3 and 7.
+resnet18 at 34 req/s (a third of the requests, each longer): 0.876 -> 0.852 over three pairs,
+within the rounds' spread.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-LOOP_NICE = 10
+LOOP_NICE = 5
 P = ParamSpec("P")
 T = TypeVar("T")
 
