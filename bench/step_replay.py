@@ -2,7 +2,7 @@
 work: how much of what its steps cost while serving is the steps themselves.
 
     .venv/bin/python -m layerbatch serve --apps mobilenet_v2 --step-log steps.jsonl   # + load
-    .venv/bin/python bench/step_replay.py steps.jsonl [--beside 10:0.16,0:0.08] [--skip 200]
+    .venv/bin/python bench/step_replay.py steps.jsonl [--beside 5:0.16,0:0.08] [--skip 200]
 
 The log (`server.step_log`) holds every step the server ran: model, first stage, stages, batch
 and its own time. The models are loaded as `layerbatch serve` loads them (`build_runtime`:
@@ -10,9 +10,9 @@ folded batch norms, channels-last, the allocator's settings, the warm-up) and ea
 runs again through the executor on the thread that loaded them, with random inputs of the
 step's shapes admitted for its batch. The steps go in chunks; each chunk runs twice in turn,
 alone and beside `--beside`: processes that each keep one core busy a share of every 5 ms at a
-nice level (e.g. what the server's event loop and the load generator took while the log was
-written, read from /proc/PID/task/*/stat: 13-18% of a core at nice 10 and 8% at nice 0 for
-mobilenet_v2 at 95 req/s on 2 cores). Alone and beside alternate chunk by chunk, so a machine
+nice level (by default what the server's event loop, at its nice level `LOOP_NICE`, and the
+load generator took while a log was written, read from /proc/PID/task/*/stat: 13-18% of a core
+and 8% at nice 0 for mobilenet_v2 at 95 req/s on 2 cores). Alone and beside alternate chunk by chunk, so a machine
 whose speed drifts moves both alike. Prints, per model and in all, the logged milliseconds and
 the ratios logged / alone (how much slower the steps ran while serving) and beside / alone
 (how much of that the stand-in reproduces).
@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from layerexec.torch_thread import LOOP_NICE  # noqa: E402
 
 BURN_PERIOD_S = 0.005
 
@@ -191,7 +193,9 @@ def format_row(name: str, t: dict[str, float]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log", nargs="?", type=Path, help="a step log (layerbatch serve --step-log)")
-    ap.add_argument("--beside", default="10:0.16,0:0.08", help="NICE:SHARE of a core, ...")
+    ap.add_argument(
+        "--beside", default=f"{LOOP_NICE}:0.16,0:0.08", help="NICE:SHARE of a core, ..."
+    )
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N steps")
     ap.add_argument("--limit", type=int, default=None, help="replay at most N steps")
     ap.add_argument("--chunk", type=int, default=200, help="steps per alone/beside pair")
