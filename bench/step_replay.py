@@ -54,7 +54,8 @@ class Step:
 
 
 def read_steps(path: Path) -> list[Step]:
-    """The replayable steps of a step log ("step" lane, not cancelled), in order. Raises
+    """The replayable steps of a step log ("step" lane, not cancelled, a stage and a request at
+    least), in order. Raises
     SystemExit naming the line for a line that is not a step log's."""
     steps = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -68,7 +69,7 @@ def read_steps(path: Path) -> list[Step]:
                 f"{path}:{n}: expected a step log line (layerbatch serve --step-log), "
                 f"got {line[:60]!r} ({exc})"
             ) from None
-        if lane == "step" and not cancelled:
+        if lane == "step" and not cancelled and step.stages > 0 and step.batch > 0:
             steps.append(step)
     return steps
 

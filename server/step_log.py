@@ -7,10 +7,10 @@ A line reads, for example,
 
 `t_ms` is when the step started, in ms since the runtime started; `lane` is "step" (the
 executor thread) or "stacked" (the second lane, `Plan.beside`); `stages` is how many stages
-it ran from `first_stage` (fewer than planned when it was cancelled at a stage boundary);
-`batch` is how many requests ran; `ms` is its own time, read on the thread that ran it. Only
-steps that ran a stage are written. Lines are written as steps are settled, one write each, so
-a server that is killed loses none that it had settled.
+it ran from `first_stage` (fewer than planned when it was cancelled at a stage boundary, none
+when before its first); `batch` is how many requests ran; `ms` is its own time, read on the
+thread that ran it, as `/metrics` counts it (`layerbatch_busy_ms_total`). Lines are written as
+steps are settled, one write each, so a server that is killed loses none that it had settled.
 
 `bench/step_replay.py` replays such a log on an otherwise idle machine, to tell what the steps
 cost alone from what they cost while serving.
@@ -48,8 +48,6 @@ class StepLog:
         took_ms: float,
         cancelled: bool,
     ) -> None:
-        if not stages or not batch:
-            return
         line = {
             "t_ms": round(t_ms, 3), "lane": lane, "model": model, "first_stage": first_stage,
             "stages": stages, "batch": batch, "ms": round(took_ms, 4), "cancelled": cancelled,
