@@ -484,7 +484,6 @@ class Runtime:
             p = self.pending.get(rid)
             if p is not None and p.first_run_ms is None:
                 p.first_run_ms = started
-        self.metrics.busy_ms["step"] += ended - started
         done = progress.stages_done
         if progress.cancelled:
             self.metrics.preempted += 1
@@ -548,7 +547,6 @@ class Runtime:
         ended = self.clock()
         done = progress.stages_done
         self.metrics.stacked += 1
-        self.metrics.busy_ms["stacked"] += ended - started
         self._account(
             progress, "stacked", started, ended - started, self.engine.finish_beside(done)
         )
@@ -562,10 +560,11 @@ class Runtime:
         took_ms: float,
         finished: list[Request],
     ) -> None:
-        """Metrics, the step log and per-request times of an action that ran on `lane`
-        (`server.step_log`); answer the requests it finished (`finished`: what the engine says
-        finished their app)."""
+        """Metrics (the busy time of `lane`: "step" or "stacked"), the step log and per-request
+        times of an action that ran on `lane` (`server.step_log`); answer the requests it
+        finished (`finished`: what the engine says finished their app)."""
         action, done, batch = progress.action, progress.stages_done, progress.batch_size
+        self.metrics.busy_ms[lane] += took_ms  # preempted steps too
         if self.step_log is not None:
             self.step_log.write(
                 lane, started_ms - self.started_ms, action.model, action.stages[0], done, batch,
