@@ -12,10 +12,10 @@ step's shapes admitted for its batch. The steps go in chunks; each chunk runs tw
 alone and beside `--beside`: processes that each keep one core busy a share of every 5 ms at a
 nice level (by default what the server's event loop, at its nice level `LOOP_NICE`, and the
 load generator took while a log was written, read from /proc/PID/task/*/stat: 13-18% of a core
-and 8% at nice 0 for mobilenet_v2 at 95 req/s on 2 cores). Alone and beside alternate chunk by chunk, so a machine
-whose speed drifts moves both alike. Prints, per model and in all, the logged milliseconds and
-the ratios logged / alone (how much slower the steps ran while serving) and beside / alone
-(how much of that the stand-in reproduces).
+and 8% at nice 0 for mobilenet_v2 at 95 req/s on 2 cores). Alone and beside alternate chunk by
+chunk, so a machine whose speed drifts moves both alike. Prints, per model and in all, the
+logged milliseconds and the ratios logged / alone (how much slower the steps ran while serving)
+and beside / alone (how much of that the stand-in reproduces).
 
 The first `--skip` lines (the warm-up load) are left out; only "step" lines (the executor
 thread, not the stacked lane) and uncancelled steps are replayed.
@@ -55,8 +55,7 @@ class Step:
 
 def read_steps(path: Path) -> list[Step]:
     """The replayable steps of a step log ("step" lane, not cancelled, a stage and a request at
-    least), in order. Raises
-    SystemExit naming the line for a line that is not a step log's."""
+    least), in order. Raises SystemExit naming the line for a line that is not a step log's."""
     steps = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
