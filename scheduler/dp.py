@@ -3,9 +3,9 @@
 Order the app's requests furthest-along first (ties: earlier arrival) and cut the order into
 units: one unit per request (`exact`, the paper's per-request O(R^2) form), per stage (the
 layer-unit form) or per layer group (G groups of about equal time; the default). A unit never
-holds more than B requests. A segment is a contiguous run of units j..i; segments run furthest
-first, so requests finish in arrival order (Lemma 1). D(j..i) is the segment's walk duration
-(`segments.walk`), riders included.
+holds more than B requests (dp-tardy may cut units further: `Split`). A segment is a contiguous
+run of units j..i; segments run furthest first, so requests finish in arrival order (Lemma 1).
+D(j..i) is the segment's walk duration (`segments.walk`), riders included.
 
 Completion time (section 4.1), as a suffix recurrence over units 0..U-1:
 
@@ -35,6 +35,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 from scheduler.deployment import Deployment
@@ -43,6 +44,13 @@ from scheduler.types import Request
 
 UnitMode = Literal["request", "layer", "group"]
 MEMO_LIMIT = 200_000
+
+
+@dataclass(frozen=True)
+class Split:
+    """Units are cut after each of `ids` that a request not in `ids` follows."""
+
+    ids: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,12 @@ def make_problem(
     own: Sequence[tuple[Request, int]],
     riders: Sequence[Rider],
     mode: UnitMode,
+    split: Split | None = None,
 ) -> AppProblem:
     """Cut the app's requests (each with its current position), given in arrival order (ties by
-    id), into units: furthest along first, ties in arrival order (the sort is stable)."""
+    id), into units: furthest along first, ties in arrival order (the sort is stable); with
+    `split`, each unit is cut further after each of `split.ids` that a request not in them
+    follows (the pieces keep the order)."""
     bound = min(d.batch_limit(link.model) for link in d.chain(app))
     ordered = sorted(own, key=lambda rp: -rp[1])
     if mode == "request":
@@ -108,9 +119,16 @@ def make_problem(
     for k in range(1, len(ordered) + 1):
         if k == len(ordered) or keys[k] != keys[start] or k - start == bound:
             run = ordered[start:k]
-            # members ascending by position, ties in arrival order (the sort is stable)
-            members = tuple((pos, r.id) for r, pos in sorted(run, key=lambda rp: rp[1]))
-            units.append(Unit(members, tuple(sorted(r.deadline_ms for r, _ in run))))
+            cuts = [0]
+            if split is not None:  # after each marked request that an unmarked one follows
+                marked = [r.id in split.ids for r, _ in run]
+                cuts += [n + 1 for n in range(len(run) - 1) if marked[n] and not marked[n + 1]]
+            cuts.append(len(run))
+            for a, b in pairwise(cuts):
+                piece = run[a:b]
+                # members ascending by position, ties in arrival order (the sort is stable)
+                members = tuple((pos, r.id) for r, pos in sorted(piece, key=lambda rp: rp[1]))
+                units.append(Unit(members, tuple(sorted(r.deadline_ms for r, _ in piece))))
             start = k
     return AppProblem(app, tuple(units), tuple(sorted(riders, key=lambda x: (x.pos, x.id))), bound)
 
@@ -123,6 +141,7 @@ class SegmentCosts:
         self.prob = prob
         self.memo = memo
         self._rider_pos = [r.pos for r in prob.riders]
+        self._keys = [u.key for u in prob.units]
 
     def riders_for(self, j: int, i: int) -> tuple[Rider, ...]:
         """Riders the segment j..i passes first: at or after its start, before unit j-1's start."""
@@ -141,11 +160,10 @@ class SegmentCosts:
         return out
 
     def duration(self, j: int, i: int) -> float:
-        units = self.prob.units
         riders = self.riders_for(j, i)
         key = (
             self.prob.app,
-            tuple(units[u].key for u in range(j, i + 1)),
+            tuple(self._keys[j : i + 1]),
             tuple(r.pos for r in riders),
         )
         hit = self.memo.get(key)
@@ -216,6 +234,7 @@ def solve_tardy(costs: SegmentCosts, start_ms: float, now_ms: float) -> Solution
     for i in range(n_units):
         size = 0
         cell = frontier[i + 1]
+        deadlines: list[float] = []  # of units j..i, sorted
         for j in range(i, -1, -1):
             size += counts[j]
             if size > costs.prob.bound:
@@ -223,10 +242,10 @@ def solve_tardy(costs: SegmentCosts, start_ms: float, now_ms: float) -> Solution
             seg = costs.duration(j, i)
             if math.isinf(seg):
                 break
+            deadlines = sorted(deadlines + list(units[j].deadlines))  # two sorted runs: linear
             for t_prev, (end, csum, _, _) in frontier[j].items():
                 e2 = end + seg
-                late = sum(bisect.bisect_left(units[u].deadlines, e2) for u in range(j, i + 1))
-                t2 = t_prev + late
+                t2 = t_prev + bisect.bisect_left(deadlines, e2)
                 c2 = csum + (e2 - now_ms) * size
                 old = cell.get(t2)
                 if old is None or (e2, c2) < (old[0], old[1]):

@@ -442,6 +442,61 @@ def test_dp_tardy_adds_back_the_late_requests_that_the_rest_leave_room_for() -> 
     assert {plan.completion_ms[f"r{i}"] for i in range(3)} == {27.5}
 
 
+def eight_waiting(first_two_deadline_ms: float) -> SchedulerState:
+    """One stage, one layer group (so one unit of all eight): batches of 2 in 16 ms, 4 in 28,
+    8 in 52 (6 in 40, interpolated); r0 and r1 (the oldest) due at `first_two_deadline_ms`, the
+    rest at 200 ms."""
+    d = Deployment([make_profile("m", [[10.0, 16.0, 28.0, 52.0]])])
+    deadlines = [first_two_deadline_ms] * 2 + [200.0] * 6
+    return state_of(d, [req(f"r{i}", "m", 0, float(i), dl) for i, dl in enumerate(deadlines)])
+
+
+def test_dp_tardy_cuts_a_unit_after_its_late_requests() -> None:
+    """The eight fill one unit, so the coarse plans run one batch of 8 (52 ms), late for r0
+    and r1 (due at 40), and dropping either leaves a batch of 7, still late. Cut after r1, the
+    unit runs as r0, r1 (16 ms) and then the other six (40 ms more): nobody is dropped."""
+    state = eight_waiting(40.0)
+    plan = make_policy("dp-tardy").plan(state, 0.0)
+    check_plan(state, 0.0, plan, "dp-tardy")
+    assert plan.dropped_ids == ()
+    assert actions_as_sets(plan) == [
+        ("m", (0, 1), {"r0", "r1"}),
+        ("m", (0, 1), {f"r{i}" for i in range(2, 8)}),
+    ]
+    assert plan.completion_ms["r0"] == 16.0 and plan.completion_ms["r7"] == 56.0
+
+
+def test_split_cuts_a_unit_after_each_run_of_marked_requests() -> None:
+    """Furthest first (r5 at stage 1, then r0..r4 at stage 0 in arrival order), one layer
+    group: one unit; marking r5, r0 and r3 cuts after r0 (r1 follows) and after r3 (r4
+    follows), never inside a marked run, and the pieces keep the order."""
+    d = Deployment([make_profile("m", [[1.0] * 4] * 2)], groups=1)
+    own = [(req(f"r{i}", "m", 0, float(i), 10.0 + i), 0) for i in range(5)]
+    own.append((req("r5", "m", 1, 5.0, 15.0), 1))
+    whole = scheduler.dp.make_problem(d, "m", own, [], "group")
+    assert [[rid for _, rid in u.members] for u in whole.units] == [
+        ["r0", "r1", "r2", "r3", "r4", "r5"]
+    ]
+    split = scheduler.dp.Split(frozenset({"r5", "r0", "r3"}))
+    cut = scheduler.dp.make_problem(d, "m", own, [], "group", split)
+    assert [[rid for _, rid in u.members] for u in cut.units] == [
+        ["r0", "r5"],
+        ["r1", "r2", "r3"],
+        ["r4"],
+    ]
+    assert [u.deadlines for u in cut.units] == [(10.0, 15.0), (11.0, 12.0, 13.0), (14.0,)]
+
+
+def test_dp_tardy_keeps_the_layer_group_whole_when_nobody_is_late() -> None:
+    """With every deadline far, the coarse completion-time plan leaves nobody late and is kept
+    (two batches of four would finish sooner in total): units are cut only for plans that
+    leave someone late."""
+    state = eight_waiting(200.0)
+    plan = make_policy("dp-tardy").plan(state, 0.0)
+    assert plan.dropped_ids == ()
+    assert actions_as_sets(plan) == [("m", (0, 1), {f"r{i}" for i in range(8)})]
+
+
 def test_dp_tardy_is_fifo_so_edf_can_serve_more_on_time() -> None:
     """Why "dp-tardy misses <= edf misses" is not a per-state guarantee (paper 4.2: "Lemma 1
     no longer holds when minimizing the number of tardy jobs"): dp-tardy only cuts the

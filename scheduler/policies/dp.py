@@ -16,6 +16,22 @@ requests dropped since (their batch slots freed, the others only get earlier; in
 the completion-time plan made with the hopeless requests). So with latencies that grow with batch
 size, dp-tardy never misses more requests than those plans would.
 
+A unit holds a layer group's waiting requests (up to B), so a plan runs them together or not at
+all: in an Azure-trace burst (simulated), 28 requests waiting at the first stage behind a running
+batch of 22 formed one unit, a batch of 28 after the 22 would end after the oldest three's
+deadline, and those three were dropped; cut after them, the plan runs the three up to the running
+batch's stage (preempting it there), the 25 on together, and then the other 25: all on time. So
+when every candidate above leaves someone late, in the rounds of dropping (not in the add-back
+below, which under overload would run it once per drop), the tardy-count DP runs once more with
+each unit cut after its late requests (the oldest of a unit at one position are its earliest due),
+and that plan is taken if it leaves fewer late. Units cut into fours everywhere served a burst
+better in the simulator, but made a real server spend 8-20% of its time planning under Poisson
+overload (2% before); with the cut DP in the add-back too, planning took 5% instead of 2% past the
+ceiling and the on-time ratio there fell by 5-8 points. In the simulator with bench/peers.py's
+trace arrivals at 1000 ms, B = 32 and 6 ms a request added to the first stage, resnet18's crossing
+of 0.9 went from 12.4 to 13.8 req/s; under Poisson arrivals no crossing moved more than 2%
+(bench/results/peers-log.md, 2026-11-24, session 32).
+
 A round's late requests delayed the others while its plan still ran them, so a round may drop
 more than it must (and the DP's units hold requests together: with layer-group units, a unit that
 ends late is late whole). So once nobody is left late, each request dropped as predicted late is
@@ -33,7 +49,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Literal
 
-from scheduler.dp import UnitMode
+from scheduler.dp import Split, UnitMode
 from scheduler.policies.common import HOPELESS, PREDICTED_LATE, arrival_order, split_expired
 from scheduler.search import AppSearch
 from scheduler.segments import walk
@@ -74,9 +90,10 @@ class DPScheduler:
         objective: str,
         memo: dict[str, Any],
         interleave: bool = False,
+        split: Split | None = None,
     ) -> list[Action]:
         head, tail = live[: self.max_active], live[self.max_active :]
-        search = AppSearch(state.deployment, head, self.unit, memo, now_ms)
+        search = AppSearch(state.deployment, head, self.unit, memo, now_ms, split)
         if not head:
             actions = []
         elif interleave:
@@ -121,7 +138,7 @@ class DPScheduler:
         for r in sorted(predicted_late, key=arrival_order):
             trial = sorted([*live, r], key=arrival_order)
             late, trial_actions = self._fewest_late(
-                state, trial, planned, now_ms, memo, multi_app, []
+                state, trial, planned, now_ms, memo, multi_app, [], cut_units=False
             )
             if late:
                 drops = [*drops, Drop(r.id, PREDICTED_LATE)]
@@ -139,10 +156,12 @@ class DPScheduler:
         memo: dict[str, Any],
         multi_app: bool,
         previous: list[Action],
+        cut_units: bool = True,
     ) -> tuple[list[str], list[Action]]:
         """The candidate plan for `live` with the fewest late requests among `planned` (then the
         least total completion), and those requests (module docstring). `previous`: a plan of
-        the same requests to consider too, if not empty."""
+        the same requests to consider too, if not empty; `cut_units`: whether to try the units
+        cut after their late requests when the others leave someone late."""
         timed = self._actions(state, live, now_ms, "time", memo)
         scored_time = _late_and_total(state, live, planned, now_ms, timed)
         if not scored_time[0]:  # the least total completion, nobody late: nothing can beat it
@@ -158,6 +177,11 @@ class DPScheduler:
             if n > 0
         ]
         (late, _), best = min(scored, key=lambda x: (len(x[0][0]), x[0][1], x[1]))
+        if late and cut_units:  # the units cut after their late requests (module docstring)
+            cut = self._actions(state, live, now_ms, "tardy", memo, split=Split(frozenset(late)))
+            cut_late, _ = _late_and_total(state, live, planned, now_ms, cut)
+            if len(cut_late) < len(late):
+                return cut_late, cut
         return late, candidates[best]
 
 
