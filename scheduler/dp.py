@@ -3,7 +3,7 @@
 Order the app's requests furthest-along first (ties: earlier arrival) and cut the order into
 units: one unit per request (`exact`, the paper's per-request O(R^2) form), per stage (the
 layer-unit form) or per layer group (G groups of about equal time; the default). A unit never
-holds more than B requests (dp-tardy may cut units further: `Split`). A segment is a contiguous
+holds more than B requests (dp-tardy may cut units further: `cut_after`). A segment is a contiguous
 run of units j..i; segments run furthest first, so requests finish in arrival order (Lemma 1).
 D(j..i) is the segment's walk duration (`segments.walk`), riders included.
 
@@ -44,13 +44,6 @@ from scheduler.types import Request
 
 UnitMode = Literal["request", "layer", "group"]
 MEMO_LIMIT = 200_000
-
-
-@dataclass(frozen=True)
-class Split:
-    """Units are cut after each of `ids` that a request not in `ids` follows."""
-
-    ids: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -99,12 +92,12 @@ def make_problem(
     own: Sequence[tuple[Request, int]],
     riders: Sequence[Rider],
     mode: UnitMode,
-    split: Split | None = None,
+    cut_after: frozenset[str] = frozenset(),
 ) -> AppProblem:
     """Cut the app's requests (each with its current position), given in arrival order (ties by
-    id), into units: furthest along first, ties in arrival order (the sort is stable); with
-    `split`, each unit is cut further after each of `split.ids` that a request not in them
-    follows (the pieces keep the order)."""
+    id), into units: furthest along first, ties in arrival order (the sort is stable); each
+    unit is cut further after each of `cut_after` that a request not in it follows (the pieces
+    keep the order)."""
     bound = min(d.batch_limit(link.model) for link in d.chain(app))
     ordered = sorted(own, key=lambda rp: -rp[1])
     if mode == "request":
@@ -119,10 +112,8 @@ def make_problem(
     for k in range(1, len(ordered) + 1):
         if k == len(ordered) or keys[k] != keys[start] or k - start == bound:
             run = ordered[start:k]
-            cuts = [0]
-            if split is not None:  # after each marked request that an unmarked one follows
-                marked = [r.id in split.ids for r, _ in run]
-                cuts += [n + 1 for n in range(len(run) - 1) if marked[n] and not marked[n + 1]]
+            marked = [r.id in cut_after for r, _ in run]
+            cuts = [0, *(n + 1 for n in range(len(run) - 1) if marked[n] and not marked[n + 1])]
             cuts.append(len(run))
             for a, b in pairwise(cuts):
                 piece = run[a:b]
@@ -242,7 +233,7 @@ def solve_tardy(costs: SegmentCosts, start_ms: float, now_ms: float) -> Solution
             seg = costs.duration(j, i)
             if math.isinf(seg):
                 break
-            deadlines = sorted(deadlines + list(units[j].deadlines))  # two sorted runs: linear
+            deadlines = sorted([*deadlines, *units[j].deadlines])  # two sorted runs: linear
             for t_prev, (end, csum, _, _) in frontier[j].items():
                 e2 = end + seg
                 t2 = t_prev + bisect.bisect_left(deadlines, e2)

@@ -26,7 +26,6 @@ from scheduler.dp import (
     AppProblem,
     SegmentCosts,
     Solution,
-    Split,
     UnitMode,
     make_problem,
     solve_tardy,
@@ -75,11 +74,11 @@ class AppSearch:
         mode: UnitMode,
         memo: dict[str, dict[Any, Any]],
         now_ms: float,
-        split: Split | None = None,
+        cut_after: frozenset[str] = frozenset(),
     ) -> None:
         self.d = d
         self.mode = mode
-        self.split = split
+        self.cut_after = cut_after
         self.now_ms = now_ms
         self.memo_d = memo.setdefault("segment_ms", {})
         self.memo_g = memo.setdefault("suffix_cost", {})
@@ -114,7 +113,7 @@ class AppSearch:
                 theirs = self.d.link_of(other, model)
                 if mine is not None and theirs is not None:
                     riders.append(Rider(r.id, mine.offset + stage, mine.end, theirs.end))
-        return make_problem(self.d, app, own, riders, self.mode, self.split)
+        return make_problem(self.d, app, own, riders, self.mode, self.cut_after)
 
     def costs(self, prob: AppProblem) -> SegmentCosts:
         return SegmentCosts(self.d, prob, self.memo_d)
@@ -265,7 +264,7 @@ class AppSearch:
         at = self.start()
         for app in self.apps:
             own = [(r, at.pos[r.id]) for r in self.by_app[app]]
-            prob = make_problem(self.d, app, own, [], self.mode, self.split)
+            prob = make_problem(self.d, app, own, [], self.mode, self.cut_after)
             costs = self.costs(prob)
             sol = solve_tardy(costs, self.now_ms, self.now_ms)
             segs = []

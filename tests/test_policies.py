@@ -477,8 +477,7 @@ def test_split_cuts_a_unit_after_each_run_of_marked_requests() -> None:
     assert [[rid for _, rid in u.members] for u in whole.units] == [
         ["r0", "r1", "r2", "r3", "r4", "r5"]
     ]
-    split = scheduler.dp.Split(frozenset({"r5", "r0", "r3"}))
-    cut = scheduler.dp.make_problem(d, "m", own, [], "group", split)
+    cut = scheduler.dp.make_problem(d, "m", own, [], "group", frozenset({"r5", "r0", "r3"}))
     assert [[rid for _, rid in u.members] for u in cut.units] == [
         ["r0", "r5"],
         ["r1", "r2", "r3"],

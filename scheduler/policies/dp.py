@@ -21,16 +21,14 @@ all: in an Azure-trace burst (simulated), 28 requests waiting at the first stage
 batch of 22 formed one unit, a batch of 28 after the 22 would end after the oldest three's
 deadline, and those three were dropped; cut after them, the plan runs the three up to the running
 batch's stage (preempting it there), the 25 on together, and then the other 25: all on time. So
-when every candidate above leaves someone late, in the rounds of dropping (not in the add-back
-below, which under overload would run it once per drop), the tardy-count DP runs once more with
-each unit cut after its late requests (the oldest of a unit at one position are its earliest due),
-and that plan is taken if it leaves fewer late. Units cut into fours everywhere served a burst
-better in the simulator, but made a real server spend 8-20% of its time planning under Poisson
-overload (2% before); with the cut DP in the add-back too, planning took 5% instead of 2% past the
-ceiling and the on-time ratio there fell by 5-8 points. In the simulator with bench/peers.py's
-trace arrivals at 1000 ms, B = 32 and 6 ms a request added to the first stage, resnet18's crossing
-of 0.9 went from 12.4 to 13.8 req/s; under Poisson arrivals no crossing moved more than 2%
-(bench/results/peers-log.md, 2026-11-24, session 32).
+when every candidate above leaves someone late, in the rounds of dropping, the tardy-count DP runs
+once more with each unit cut after its late requests (the oldest of a unit at one position are its
+earliest due), and that plan is taken if it leaves fewer late. Not in the add-back below: there,
+under Poisson overload, it would run once per drop (measured: planning 5% of the wall time instead
+of 2% past the ceiling, and 5-8 points of on-time ratio lost). In the simulator with
+bench/peers.py's trace arrivals at 1000 ms, B = 32 and 6 ms a request added to the first stage,
+resnet18's crossing of 0.9 went from 12.4 to 13.8 req/s; under Poisson arrivals no crossing moved
+more than 2% (bench/results/peers-log.md, 2026-11-24, session 32, with the versions not kept).
 
 A round's late requests delayed the others while its plan still ran them, so a round may drop
 more than it must (and the DP's units hold requests together: with layer-group units, a unit that
@@ -49,7 +47,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Literal
 
-from scheduler.dp import Split, UnitMode
+from scheduler.dp import UnitMode
 from scheduler.policies.common import HOPELESS, PREDICTED_LATE, arrival_order, split_expired
 from scheduler.search import AppSearch
 from scheduler.segments import walk
@@ -90,10 +88,10 @@ class DPScheduler:
         objective: str,
         memo: dict[str, Any],
         interleave: bool = False,
-        split: Split | None = None,
+        cut_after: frozenset[str] = frozenset(),
     ) -> list[Action]:
         head, tail = live[: self.max_active], live[self.max_active :]
-        search = AppSearch(state.deployment, head, self.unit, memo, now_ms, split)
+        search = AppSearch(state.deployment, head, self.unit, memo, now_ms, cut_after)
         if not head:
             actions = []
         elif interleave:
@@ -178,7 +176,7 @@ class DPScheduler:
         ]
         (late, _), best = min(scored, key=lambda x: (len(x[0][0]), x[0][1], x[1]))
         if late and cut_units:  # the units cut after their late requests (module docstring)
-            cut = self._actions(state, live, now_ms, "tardy", memo, split=Split(frozenset(late)))
+            cut = self._actions(state, live, now_ms, "tardy", memo, cut_after=frozenset(late))
             cut_late, _ = _late_and_total(state, live, planned, now_ms, cut)
             if len(cut_late) < len(late):
                 return cut_late, cut
