@@ -34,8 +34,13 @@ before and after each model's servers (the machine is shared: both are reported,
 Beside it the batched ceiling: the same with full batches of 8 or 16, 1000 B / (B decode_ms +
 forward_ms(B)), the best of those and of the model with its batch norms folded (as layerbatch
 runs it): about the most any server could serve here, batching per model or per layer, with
-the cores to itself (larger batches gain little more). Where 1.3x the best peer is above it,
-that target is out of reach on this machine.
+the cores to itself (larger batches gain little more). Under the trace the rate is a mean and
+the bursts run far above it, so each report also gives the crossing of an ideal server at the
+ceiling under the run's own arrivals (bench/peers_ideal.py: each request 1 / ceiling s, in
+arrival order, turning away what it cannot finish in time), and for each server the ceiling at
+which that ideal server would cross where the server did: how much of the machine it turns into
+requests on time. Where 1.3x the best peer is above the ideal server's crossing, that target is
+out of reach on this machine.
 
 Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the full benchmark):
 
@@ -77,7 +82,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +95,7 @@ if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benc
 
 from bench.peers_busy import busy_counters, busy_line, busy_shares  # noqa: E402
 from bench.peers_crossing import THRESHOLD, ratio_interval, threshold_crossing  # noqa: E402
+from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps  # noqa: E402
 
 SERVERS = ("layerbatch", "triton", "ray", "torchserve")
 PEERS = SERVERS[1:]
@@ -100,6 +106,7 @@ WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
 THREADS = 2
 AZURE_TRACE = ROOT / "traces" / "data" / "request_traces" / "AzureLLMInferenceTrace_code.csv"
 MAIN_PY = ROOT / ".venv" / "bin" / "python"
+FULL_LOAD = {"duration_s": 20.0, "min_requests": 200, "seed": 1}  # a full run's arrivals
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -1279,6 +1286,7 @@ def interleaved_main(
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
     doc = asyncio.run(interleaved(st, frames, knobs, rates, rounds, trace))
     doc["knobs_from"] = sources
+    doc["load"] = {"duration_s": st.duration_s, "min_requests": st.min_requests, "seed": st.seed}
     path = st.out.with_name("peers-interleaved.json")
     path.write_text(json.dumps(doc, indent=1))
     report_interleaved(doc, path.with_suffix(".png"), np.random.default_rng(st.seed))
@@ -1313,11 +1321,47 @@ def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator)
         print(f"layerbatch / best peer: {interval.text()}")
     peers = [v for server, v in crossings(rows).items() if server != "layerbatch"]
     best_peer = max(peers, default=0.0)
-    if best_peer:
-        share = f": {TARGET_RATIO * best_peer / ceiling:.2f} of the ceiling" if ceiling else ""
-        print(
-            f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is {TARGET_RATIO * best_peer:.1f}{share}"
+    ideal = None
+    if ceiling:
+        arrivals_at, deadline_ms = run_arrivals(doc), float(doc["deadline_ms"])
+        ideal = ideal_crossing_rps(arrivals_at, deadline_ms, float(ceiling))
+        equivalent = {
+            server: equivalent_ceiling_rps(arrivals_at, deadline_ms, rate)
+            for server, rate in crossings(rows).items()
+            if rate > 0
+        }
+        each = ", ".join(
+            f"{server} {rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
+            for server, rps in equivalent.items()
         )
+        print(
+            f"an ideal server at the ceiling (bench/peers_ideal.py) crosses {THRESHOLD} at "
+            f"{ideal:.1f} req/s under these arrivals"
+            + (f"; each server crosses where it would at a ceiling of {each}" if each else "")
+        )
+    if best_peer:
+        target = TARGET_RATIO * best_peer
+        share = f": {target / ceiling:.2f} of the ceiling" if ceiling else ""
+        share += f", {target / ideal:.2f} of the ideal server's crossing" if ideal else ""
+        print(f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is {target:.1f}{share}")
+
+
+def run_arrivals(doc: Mapping[str, Any]) -> Callable[[float], np.ndarray]:
+    """An --interleave document's arrivals at any rate: its first round's, regenerated from its
+    `load` (runs saved before it recorded one used a full run's, `FULL_LOAD`)."""
+    from traces.arrivals import load_timestamps
+
+    load = {**FULL_LOAD, **doc.get("load", {})}
+    count = int(load["min_requests"])
+    trace = load_timestamps(AZURE_TRACE) if doc["arrival"] != "poisson" else np.empty(0)
+
+    def arrivals_at(rate: float) -> np.ndarray:
+        duration_s = max(float(load["duration_s"]), count / rate)
+        return np.asarray(
+            arrivals_for(doc["arrival"], rate, duration_s, int(load["seed"]), trace, count)
+        )
+
+    return arrivals_at
 
 
 def rounds_of(doc: Mapping[str, Any]) -> dict[str, dict[float, list[float]]]:
@@ -1519,7 +1563,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
     ap.add_argument("--min-requests", type=int, help="at least this many requests per rate")
     ap.add_argument("--tol", type=float, help="final search: stop when hi/lo <= 1 + tol")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=int(FULL_LOAD["seed"]))
     ap.add_argument("--policy", default="dp-tardy", help="layerbatch's policy")
     ap.add_argument(
         "--step-log",
@@ -1577,9 +1621,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         servers=[s for s in a.servers.split(",") if s],
         arrivals=a.arrivals.split(","),
         grid=grid,
-        duration_s=a.duration or (12.0 if q else 20.0),
+        duration_s=a.duration or (12.0 if q else FULL_LOAD["duration_s"]),
         tune_duration_s=a.tune_duration or (8.0 if q else 10.0),
-        min_requests=a.min_requests or (80 if q else 200),
+        min_requests=a.min_requests or (80 if q else int(FULL_LOAD["min_requests"])),
         tol=a.tol or (0.1 if q else 0.05),
         tune_tol=0.15,
         seed=a.seed,

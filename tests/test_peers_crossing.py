@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.peers import ROOT, pool_interleaved
+from bench.peers import AZURE_TRACE, ROOT, pool_interleaved, trace_arrivals_s
 from bench.peers_crossing import edge_crossing, ratio_interval
+from bench.peers_ideal import ideal_crossing_rps
+from traces.arrivals import load_timestamps
 
 
 def test_edge_crossing_interpolates_or_names_the_edge_it_lies_beyond() -> None:
@@ -141,6 +143,12 @@ def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path
     assert "resamplings of the rounds" in ratio
     assert out.with_suffix(".png").stat().st_size > 0
     assert not any("ceilings differ" in line for line in lines)  # 45 req/s both
+    # the ideal server at the pooled ceiling (45 req/s), under the same trace arrivals
+    trace = load_timestamps(AZURE_TRACE)
+    ideal = ideal_crossing_rps(lambda r: trace_arrivals_s(trace, r, 200), 300.0, 45.0)
+    line = next(line for line in lines if line.startswith("an ideal server at the ceiling"))
+    assert f"crosses 0.9 at {ideal:.1f} req/s" in line
+    assert "layerbatch " in line and "torchserve" not in line  # it never crossed: no ceiling
 
     b["compute_bound"] = {"rps": 30.0, "batched_rps": 60.0, "speed_change": 1.0}
     paths[1].write_text(json.dumps(b))
