@@ -14,7 +14,7 @@ A real server batches only what has arrived, spends time on the requests it give
 shares the cores, so it serves less than this at the same ceiling; its crossing of 0.9 against
 this one's says how much of the machine a server turns into requests on time. Where 1.3x the
 best peer's crossing is at or above the ideal server's, the issue's target is out of reach on
-this machine, whatever the schedule.
+this machine whatever the schedule, short of running batches faster than the ceiling's.
 
 Read the other way, a server's own crossing names the ceiling an ideal server would need to
 cross where it does (`equivalent_ceiling_rps`): the rate it turns the machine into requests on
