@@ -466,7 +466,7 @@ def test_dp_tardy_cuts_a_unit_after_its_late_requests() -> None:
     assert plan.completion_ms["r0"] == 16.0 and plan.completion_ms["r7"] == 56.0
 
 
-def test_split_cuts_a_unit_after_each_run_of_marked_requests() -> None:
+def test_cut_after_splits_a_unit_after_each_run_of_marked_requests() -> None:
     """Furthest first (r5 at stage 1, then r0..r4 at stage 0 in arrival order), one layer
     group: one unit; marking r5, r0 and r3 cuts after r0 (r1 follows) and after r3 (r4
     follows), never inside a marked run, and the pieces keep the order."""
