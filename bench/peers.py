@@ -94,7 +94,12 @@ if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benc
     sys.path.insert(0, str(ROOT))
 
 from bench.peers_busy import busy_counters, busy_line, busy_shares  # noqa: E402
-from bench.peers_crossing import THRESHOLD, ratio_interval, threshold_crossing  # noqa: E402
+from bench.peers_crossing import (  # noqa: E402
+    THRESHOLD,
+    edge_crossing,
+    ratio_interval,
+    threshold_crossing,
+)
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps  # noqa: E402
 
 SERVERS = ("layerbatch", "triton", "ray", "torchserve")
@@ -1325,15 +1330,16 @@ def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator)
     if ceiling:
         arrivals_at, deadline_ms = run_arrivals(doc), float(doc["deadline_ms"])
         ideal = ideal_crossing_rps(arrivals_at, deadline_ms, float(ceiling))
-        equivalent = {
-            server: equivalent_ceiling_rps(arrivals_at, deadline_ms, rate)
-            for server, rate in crossings(rows).items()
-            if rate > 0
-        }
-        each = ", ".join(
-            f"{server} {rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
-            for server, rps in equivalent.items()
-        )
+        # beyond the measured rates a crossing is a bound, and so is its equivalent ceiling
+        bound = {"above": "at least ", "below": "at most ", "": ""}
+        parts = []
+        for server, per in doc["mean_on_time"].items():
+            rate, side = edge_crossing({float(r): v for r, v in per.items()})
+            rps = equivalent_ceiling_rps(arrivals_at, deadline_ms, rate)
+            parts.append(
+                f"{server} {bound[side]}{rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
+            )
+        each = ", ".join(parts)
         print(
             f"an ideal server at the ceiling (bench/peers_ideal.py) crosses {THRESHOLD} at "
             f"{ideal:.1f} req/s under these arrivals"

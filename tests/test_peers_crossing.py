@@ -15,7 +15,7 @@ import pytest
 
 from bench.peers import AZURE_TRACE, ROOT, pool_interleaved, trace_arrivals_s
 from bench.peers_crossing import edge_crossing, ratio_interval
-from bench.peers_ideal import ideal_crossing_rps
+from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
 from traces.arrivals import load_timestamps
 
 
@@ -120,6 +120,11 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _trace_arrivals(rate: float) -> np.ndarray:
+    """A saved run's arrivals at `rate` (a run that stored no `load` used a full run's)."""
+    return trace_arrivals_s(load_timestamps(AZURE_TRACE), rate, 200)
+
+
 def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path: Path) -> None:
     a = _doc(
         {
@@ -144,16 +149,32 @@ def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path
     assert out.with_suffix(".png").stat().st_size > 0
     assert not any("ceilings differ" in line for line in lines)  # 45 req/s both
     # the ideal server at the pooled ceiling (45 req/s), under the same trace arrivals
-    trace = load_timestamps(AZURE_TRACE)
-    ideal = ideal_crossing_rps(lambda r: trace_arrivals_s(trace, r, 200), 300.0, 45.0)
+    ideal = ideal_crossing_rps(_trace_arrivals, 300.0, 45.0)
     line = next(line for line in lines if line.startswith("an ideal server at the ceiling"))
     assert f"crosses 0.9 at {ideal:.1f} req/s" in line
-    assert "layerbatch " in line and "torchserve" not in line  # it never crossed: no ceiling
+    layerbatch = equivalent_ceiling_rps(_trace_arrivals, 300.0, 6.4)
+    assert f"layerbatch {layerbatch:.1f} ({layerbatch / 45:.2f} of the ceiling)" in line
+    # under 0.9 already at the lowest rate: it crosses there or earlier, so the ceiling is a bound
+    torchserve = equivalent_ceiling_rps(_trace_arrivals, 300.0, 4.0)
+    assert f"torchserve at most {torchserve:.1f} ({torchserve / 45:.2f} of the ceiling)" in line
 
     b["compute_bound"] = {"rps": 30.0, "batched_rps": 60.0, "speed_change": 1.0}
     paths[1].write_text(json.dumps(b))
     done = _report(",".join(str(p) for p in paths), "--out", str(out))
     assert "warning: these runs' batched ceilings differ (45.0 to 60.0 req/s)" in done.stdout
+
+
+def test_report_bounds_the_equivalent_ceiling_of_a_server_that_never_falls_under(
+    tmp_path: Path,
+) -> None:
+    doc = _doc({"layerbatch": {"4": [1.0], "8": [0.95]}, "torchserve": {"4": [0.95], "8": [0.5]}})
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    done = _report(str(path), "--out", str(tmp_path / "pooled.json"))
+    assert done.returncode == 0, done.stderr
+    assert "layerbatch: crosses 0.9 at 8 or more req/s" in done.stdout
+    at_top = equivalent_ceiling_rps(_trace_arrivals, 300.0, 8.0)
+    assert f"layerbatch at least {at_top:.1f} ({at_top / 45:.2f} of the ceiling)" in done.stdout
 
 
 def test_report_names_a_file_that_is_not_an_interleaved_run(tmp_path: Path) -> None:
