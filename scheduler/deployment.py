@@ -81,6 +81,9 @@ class Deployment:
         self._bounds = {m: _group_bounds(p, groups) for m, p in self.profiles.items()}
         # per app, for every position: the layer group it lies in, counted over the chain
         self._group_at = {a: self._chain_groups(chain) for a, chain in self._chains.items()}
+        # memos of the pure functions of the above that planners call most (run_ms, solo_ms)
+        self._run_memo: dict[tuple[str, int, int, int], float] = {}
+        self._solo_memo: dict[tuple[str, int], float] = {}
 
     # --- chains -------------------------------------------------------------------------
     def chain(self, app: str) -> tuple[ChainLink, ...]:
@@ -120,19 +123,30 @@ class Deployment:
         return self._tables[model][stage][batch]
 
     def run_ms(self, model: str, k0: int, k1: int, batch: int) -> float:
-        """Latency of stages [k0, k1) of `model` at one batch size."""
-        if batch > self._limits[model]:
-            return math.inf
-        t = self._tables[model]
-        return sum(t[k][batch] for k in range(k0, k1))
+        """Latency of stages [k0, k1) of `model` at one batch size (the stages' latencies summed
+        in order; remembered, as planners ask for the same spans over and over)."""
+        key = (model, k0, k1, batch)
+        hit = self._run_memo.get(key)
+        if hit is None:
+            if batch > self._limits[model]:
+                hit = math.inf
+            else:
+                t = self._tables[model]
+                hit = sum(t[k][batch] for k in range(k0, k1))
+            self._run_memo[key] = hit
+        return hit
 
     def solo_ms(self, app: str, position: int) -> float:
         """Time for one request of `app` to run alone from `position` to the end of its app."""
-        return sum(
-            self.run_ms(link.model, max(0, position - link.offset), link.num_stages, 1)
-            for link in self._chains[app]
-            if position < link.end
-        )
+        key = (app, position)
+        hit = self._solo_memo.get(key)
+        if hit is None:
+            hit = self._solo_memo[key] = sum(
+                self.run_ms(link.model, max(0, position - link.offset), link.num_stages, 1)
+                for link in self._chains[app]
+                if position < link.end
+            )
+        return hit
 
     # --- groups -------------------------------------------------------------------------
     def group_bounds(self, model: str) -> tuple[int, ...]:

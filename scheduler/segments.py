@@ -7,8 +7,11 @@ requests of those apps standing at the stage it reaches (section 4.3, "batched w
 arriving earlier ... at the shared layers up to the bound B"). Riders leave at the end of the
 shared model and go on to the next model of their own app later.
 
-walk(segment) costs O(stages + members + riders). Its duration at stage k is h_k(batch_k) where
-batch_k = members at or behind k + riders on board; a batch above B costs +inf.
+Its duration at stage k is h_k(batch_k) where batch_k = members at or behind k + riders on board;
+a batch above B costs +inf. The batch changes only where a member joins or a rider boards, so the
+duration is a sum over those stretches, each priced by `Deployment.run_ms` (memoised) and added in
+order. walk(segment) costs O(stages + members + riders); without riders and actions, O(members +
+models) (the planners' most frequent question).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def walk(
     With `build`, also return the actions (one per stretch of stages with the same batch) and the
     riders that boarded.
     """
+    if not riders and not build:
+        return Walk(_duration_alone(d, app, members))
     start = members[0][0]
     n = len(members)
     out = Walk(0.0)
@@ -66,47 +71,73 @@ def walk(
     mi = 0  # members on board
     ri = 0
     own_ids: list[str] = []
+    n_riders = len(riders)
     for link in d.chain(app):
-        if link.end <= start:
+        end = link.end
+        if end <= start:
             continue
-        table = d.table(link.model)
         limit = d.batch_limit(link.model)
         off = link.offset
         own_at_end = mi
-        while own_at_end < n and members[own_at_end][0] < link.end:
+        while own_at_end < n and members[own_at_end][0] < end:
             own_at_end += 1
         room = limit - own_at_end
         aboard: list[Rider] = []
         k = max(start, off)
         seg_from = k
-        while k < link.end:
+        while k < end:
             new_m = mi
             while new_m < n and members[new_m][0] == k:
                 new_m += 1
             boarding: list[Rider] = []
-            while ri < len(riders) and riders[ri].pos <= k:
+            while ri < n_riders and riders[ri].pos <= k:
                 r = riders[ri]
-                if r.pos == k and r.leave == link.end and room > 0:
+                if r.pos == k and r.leave == end and room > 0:
                     boarding.append(r)
                     room -= 1
                 ri += 1
-            if (new_m > mi or boarding) and build and k > seg_from:
-                out.actions.append(_action(link.model, seg_from - off, k - off, own_ids, aboard))
+            if (new_m > mi or boarding) and k > seg_from:  # the stretch before k ends here
+                total += d.run_ms(link.model, seg_from - off, k - off, mi + len(aboard))
+                if build:
+                    out.actions.append(
+                        _action(link.model, seg_from - off, k - off, own_ids, aboard)
+                    )
                 seg_from = k
-            if build:
+            if build and new_m > mi:
                 own_ids.extend(members[j][1] for j in range(mi, new_m))
             mi = new_m
-            aboard.extend(boarding)
-            batch = mi + len(aboard)
-            if batch > limit:
+            if boarding:
+                aboard.extend(boarding)
+            if mi + len(aboard) > limit:
                 return Walk(math.inf)
-            total += table[k - off][batch]
             k += 1
+        total += d.run_ms(link.model, seg_from - off, end - off, mi + len(aboard))
         if build:
-            out.actions.append(_action(link.model, seg_from - off, link.end - off, own_ids, aboard))
+            out.actions.append(_action(link.model, seg_from - off, end - off, own_ids, aboard))
             out.riders.extend(aboard)
     out.duration_ms = total
     return out
+
+
+def _duration_alone(d: Deployment, app: str, members: Sequence[tuple[int, str]]) -> float:
+    """`walk`'s duration of a segment without riders: its batch changes only where a member
+    joins, so each stretch between two joins is priced at once (`Deployment.run_ms`)."""
+    start, n = members[0][0], len(members)
+    total, aboard = 0.0, 0
+    for link in d.chain(app):
+        end = link.end
+        if end <= start:
+            continue
+        k = max(start, link.offset)
+        while k < end:
+            while aboard < n and members[aboard][0] <= k:
+                aboard += 1
+            stop = min(members[aboard][0], end) if aboard < n else end
+            total += d.run_ms(link.model, k - link.offset, stop - link.offset, aboard)
+            if math.isinf(total):
+                return total
+            k = stop
+    return total
 
 
 def _action(model: str, k0: int, k1: int, own: list[str], riders: list[Rider]) -> Action:
