@@ -35,6 +35,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import pairwise
 from typing import Any, Literal
 
@@ -57,8 +58,9 @@ class Unit:
     def min_pos(self) -> int:
         return self.members[0][0]
 
-    @property
+    @cached_property
     def key(self) -> tuple[int, ...]:
+        """The members' positions: what the memos know a unit by (computed once)."""
         return tuple(p for p, _ in self.members)
 
 
