@@ -1331,13 +1331,13 @@ def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator)
         arrivals_at, deadline_ms = run_arrivals(doc), float(doc["deadline_ms"])
         ideal = ideal_crossing_rps(arrivals_at, deadline_ms, float(ceiling))
         # beyond the measured rates a crossing is a bound, and so is its equivalent ceiling
-        bound = {"above": "at least ", "below": "at most ", "": ""}
+        qualifier = {"above": "at least ", "below": "at most ", "": ""}
         parts = []
         for server, per in doc["mean_on_time"].items():
             rate, side = edge_crossing({float(r): v for r, v in per.items()})
             rps = equivalent_ceiling_rps(arrivals_at, deadline_ms, rate)
             parts.append(
-                f"{server} {bound[side]}{rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
+                f"{server} {qualifier[side]}{rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
             )
         each = ", ".join(parts)
         print(
