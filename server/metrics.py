@@ -43,8 +43,14 @@ class Metrics:
         self.answered: Counter[tuple[str, str]] = Counter()  # (app, status)
         self.on_time: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()  # reason
-        self.completion: dict[str, Histogram] = {}
-        self.batch: dict[tuple[str, int], Histogram] = {}
+        # made on first use (the loop records every stage of every step: a setdefault would
+        # build a histogram each time)
+        self.completion: defaultdict[str, Histogram] = defaultdict(
+            lambda: Histogram(COMPLETION_BUCKETS_MS)
+        )
+        self.batch: defaultdict[tuple[str, int], Histogram] = defaultdict(
+            lambda: Histogram(BATCH_BUCKETS)
+        )
         self.plan = Histogram(PLAN_BUCKETS_US)
         # measured / profiled time of every completed step: how well the profiles fit this machine
         self.step_ratio = Histogram(RATIO_BUCKETS)
@@ -59,13 +65,13 @@ class Metrics:
     def answer(self, app: str, status: str, total_ms: float | None, on_time: bool) -> None:
         self.answered[(app, status)] += 1
         if total_ms is not None:
-            self.completion.setdefault(app, Histogram(COMPLETION_BUCKETS_MS)).observe(total_ms)
+            self.completion[app].observe(total_ms)
         if on_time:
             self.on_time[app] += 1
 
     def ran(self, model: str, stages: range, batch: int) -> None:
         for k in stages:
-            self.batch.setdefault((model, k), Histogram(BATCH_BUCKETS)).observe(batch)
+            self.batch[(model, k)].observe(batch)
 
     def render(self, queue: dict[tuple[str, int], int]) -> str:
         lines = ["# TYPE layerbatch_requests_total counter"]
