@@ -59,6 +59,7 @@ class Engine:
         self._rest: list[Action] = []  # the newest plan after the running step
         self._plan: Plan | None = None
         self._plan_key: tuple[int, float] | None = None
+        self._plan_running: Step | None = None  # the step running when the newest plan was made
         self._version = itertools.count()
         self._state_version = next(self._version)
 
@@ -112,6 +113,7 @@ class Engine:
         if gone:
             self._changed()
         self._plan, self._plan_key = plan, (self._state_version, now_ms)
+        self._plan_running = self.running
         if self.running is not None:
             # made on the state before the running step: its first action is (or replaces) it
             first = plan.actions[0] if plan.actions else None
@@ -128,6 +130,17 @@ class Engine:
         else:
             self._rest = []  # next_step takes the plan's actions
         return [Dropped(r, reasons[r.id], now_ms) for r in gone]
+
+    def plan_is_current(self) -> bool:
+        """Whether the newest plan was made for the state as it is, with the step running now:
+        only the clock has moved since. (A runner that re-plans once a continued step has
+        started may skip that re-plan when an arrival was already planned after the start.)"""
+        return (
+            self._plan is not None
+            and self._plan_key is not None
+            and self._plan_key[0] == self._state_version
+            and self._plan_running is self.running
+        )
 
     @property
     def plan(self) -> Plan | None:

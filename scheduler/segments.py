@@ -10,8 +10,9 @@ shared model and go on to the next model of their own app later.
 Its duration at stage k is h_k(batch_k) where batch_k = members at or behind k + riders on board;
 a batch above B costs +inf. The batch changes only where a member joins or a rider boards, so the
 duration is a sum over those stretches, each priced by `Deployment.run_ms` (memoised) and added in
-order. walk(segment) costs O(stages + members + riders); without riders and actions, O(members +
-models) (the planners' most frequent question).
+order. walk(segment) costs O(stages + members + riders); without riders, O(members + models) for
+its duration and O(members * (members + models)) with its actions (the planners' most frequent
+questions).
 """
 
 from __future__ import annotations
@@ -62,8 +63,19 @@ def walk(
     With `build`, also return the actions (one per stretch of stages with the same batch) and the
     riders that boarded.
     """
-    if not riders and not build:
-        return Walk(_duration_alone(d, app, members))
+    if not riders:
+        return _alone(d, app, members, build)
+    return _by_stage(d, app, members, riders, build)
+
+
+def _by_stage(
+    d: Deployment,
+    app: str,
+    members: Sequence[tuple[int, str]],
+    riders: Sequence[Rider],
+    build: bool,
+) -> Walk:
+    """`walk` one stage at a time (riders board stage by stage)."""
     start = members[0][0]
     n = len(members)
     out = Walk(0.0)
@@ -119,25 +131,30 @@ def walk(
     return out
 
 
-def _duration_alone(d: Deployment, app: str, members: Sequence[tuple[int, str]]) -> float:
-    """`walk`'s duration of a segment without riders: its batch changes only where a member
-    joins, so each stretch between two joins is priced at once (`Deployment.run_ms`)."""
+def _alone(d: Deployment, app: str, members: Sequence[tuple[int, str]], build: bool) -> Walk:
+    """`walk` without riders: the batch changes only where a member joins, so each stretch
+    between two joins is priced (and with `build`, made an action) at once."""
     start, n = members[0][0], len(members)
+    out = Walk(0.0)
     total, aboard = 0.0, 0
     for link in d.chain(app):
-        end = link.end
+        end, off = link.end, link.offset
         if end <= start:
             continue
-        k = max(start, link.offset)
+        k = max(start, off)
         while k < end:
             while aboard < n and members[aboard][0] <= k:
                 aboard += 1
             stop = min(members[aboard][0], end) if aboard < n else end
-            total += d.run_ms(link.model, k - link.offset, stop - link.offset, aboard)
+            total += d.run_ms(link.model, k - off, stop - off, aboard)
             if math.isinf(total):
-                return total
+                return Walk(math.inf)
+            if build:
+                ids = tuple(rid for _, rid in members[:aboard])
+                out.actions.append(Action(link.model, (k - off, stop - off), ids))
             k = stop
-    return total
+    out.duration_ms = total
+    return out
 
 
 def _action(model: str, k0: int, k1: int, own: list[str], riders: list[Rider]) -> Action:

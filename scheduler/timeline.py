@@ -111,27 +111,33 @@ def finish_plan(
     policy: str = "",
     notes: Mapping[str, float] | None = None,
     beside: Action | None = None,
+    completion: Mapping[str, float] | None = None,
 ) -> Plan:
     """Check `actions` against the plan guarantees and build the `Plan`.
 
     `beside` runs from `now_ms` on a second lane (its requests' completion is its solo replay).
     `objective` defaults to the total completion time, sum of (completion - now) in ms.
+    `completion`: what `replay` returned for these `actions` and the requests not dropped, the
+    running step included, if the policy has it already (that replay checked the actions).
     """
     gone = {d.request_id for d in dropped}
     aside = set(beside.request_ids) if beside is not None else set()
     live = [r for r in state if r.id not in gone and r.id not in aside]
-    completion, _ = replay(state.deployment, live, now_ms, actions, state.running)
+    if completion is None:
+        done, _ = replay(state.deployment, live, now_ms, actions, state.running)
+    else:
+        done = dict(completion)
     if beside is not None:
         lane = [r for r in state if r.id in aside]
-        completion.update(replay(state.deployment, lane, now_ms, [beside])[0])
-    missing = [r.id for r in live if r.id not in completion]
+        done.update(replay(state.deployment, lane, now_ms, [beside])[0])
+    missing = [r.id for r in live if r.id not in done]
     if missing:
         raise PlanError(f"{policy}: plan leaves requests unfinished: {missing[:5]}")
     if objective is None:
-        objective = total_completion_ms(completion, now_ms)
+        objective = total_completion_ms(done, now_ms)
     return Plan(
         actions=tuple(actions),
-        completion_ms=completion,
+        completion_ms=done,
         dropped=tuple(dropped),
         objective=objective,
         policy=policy,

@@ -175,7 +175,7 @@ class Runtime:
             else self._exec_pool  # in turn with the steps (module docstring)
         )
         self._estimates: dict[tuple[str, int], tuple[float, float | None]] = {}
-        self._replan_soon = False
+        self._replan_queued = False
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._admitting = 0
         self._plans_seen = 0
@@ -276,9 +276,7 @@ class Runtime:
             self.pending.pop(rid)
             self.executor.drop([rid])
             raise BadRequest(422, str(exc)) from None
-        if not self._replan_soon:  # arrivals in the same loop iteration share one plan
-            self._replan_soon = True
-            loop.call_soon(self._replan_now)
+        self._replan_soon()
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -298,11 +296,25 @@ class Runtime:
             delay_s = max(0.0, (min(deadlines) - self.clock()) / 1000.0) + 0.0005
             self._deadline_timer = loop.call_later(delay_s, self._replan_now)
 
+    def _replan_soon(self) -> None:
+        """Re-plan on the loop's next turn, once for whatever asks before then: arrivals decoded
+        in the same turn, and the re-plan after a continued step (whose start is reported in the
+        same turn as the decodes that ran just before it on the executor thread)."""
+        if not self._replan_queued:
+            self._replan_queued = True
+            asyncio.get_running_loop().call_soon(self._replan_now)
+
+    def _replan_after_start(self) -> None:
+        """The re-plan once a continued step has started, unless a plan was already made for
+        this state since it started (an arrival decoded just before it, on the executor thread)."""
+        if not self.engine.plan_is_current():
+            self._replan_soon()
+
     def _replan_now(self) -> None:
         """Re-plan now (after arrivals, at a queued request's deadline, or while a continued
         step runs), the device perhaps busy: answer what the plan drops, and stop the running
         step at its next stage boundary if the plan no longer starts with it."""
-        self._replan_soon = False
+        self._replan_queued = False
         try:
             self._answer_drops(self.engine.replan(self.clock()))
         except Exception as exc:  # a fault of the scheduler's, not of a request
@@ -411,7 +423,7 @@ class Runtime:
                 # the plan's next piece starts at once; the re-plan runs while it executes
                 step = self.engine.continue_step(now)
                 if step is not None:
-                    later.add(self._replan_now)
+                    later.add(self._replan_after_start)
                 else:
                     step, wake, drops = self.engine.next_step(now)
                     self._record_plans()

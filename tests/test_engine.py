@@ -209,6 +209,29 @@ def test_an_unchanged_state_is_not_planned_twice(d: Deployment) -> None:
     assert calls == [0.0]
 
 
+def test_a_plan_is_current_until_the_state_or_the_running_step_changes(d: Deployment) -> None:
+    e = Engine(d, make_policy("dp-tardy"))
+    assert not e.plan_is_current()  # no plan yet
+    e.admit(req("a"), 0.0)
+    assert e.plan_is_current()
+    step = e.next_step(0.0)[0]
+    assert step is not None
+    assert not e.plan_is_current()  # made before "a" started running
+    e.replan(1.0)
+    assert e.plan_is_current()
+    e.replan(2.0)  # the clock alone does not make it stale
+    assert e.plan_is_current()
+    e.finish(len(step.stage_end_ms))
+    assert not e.plan_is_current()
+    nxt = e.continue_step(step.end_ms)
+    assert nxt is not None
+    assert not e.plan_is_current()  # made before the step that now runs had started
+    e.replan(nxt.start_ms + 0.1)
+    assert e.plan_is_current()
+    e.add(req("b", arrival=nxt.start_ms + 0.2))
+    assert not e.plan_is_current()
+
+
 def test_expired_requests_are_dropped_with_a_reason(d: Deployment) -> None:
     e = Engine(d, make_policy("nobatch"))
     assert e.admit(req("ok", deadline=500.0), 10.0) == []

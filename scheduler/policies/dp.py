@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from scheduler.dp import UnitMode
 from scheduler.policies.common import HOPELESS, PREDICTED_LATE, arrival_order, split_expired
@@ -122,7 +122,7 @@ class DPScheduler:
         multi_app = len({r.app for r in live[: self.max_active]}) > 1
         predicted_late: list[Request] = []
         while True:
-            late, actions = self._fewest_late(
+            late, actions, completion = self._fewest_late(
                 state, live, planned, now_ms, memo, multi_app, actions
             )
             if not late:
@@ -135,15 +135,22 @@ class DPScheduler:
         # the rest: add back, oldest first, each that the others leave room for
         for r in sorted(predicted_late, key=arrival_order):
             trial = sorted([*live, r], key=arrival_order)
-            late, trial_actions = self._fewest_late(
+            late, trial_actions, trial_completion = self._fewest_late(
                 state, trial, planned, now_ms, memo, multi_app, [], cut_units=False
             )
             if late:
                 drops = [*drops, Drop(r.id, PREDICTED_LATE)]
             else:
-                live, actions = trial, trial_actions
-        plan = finish_plan(state, now_ms, actions, drops, policy=self.name)
-        return dataclasses.replace(plan, objective=float(len(drops)))
+                live, actions, completion = trial, trial_actions, trial_completion
+        return finish_plan(
+            state,
+            now_ms,
+            actions,
+            drops,
+            objective=float(len(drops)),
+            policy=self.name,
+            completion=completion,
+        )
 
     def _fewest_late(
         self,
@@ -155,15 +162,16 @@ class DPScheduler:
         multi_app: bool,
         previous: list[Action],
         cut_units: bool = True,
-    ) -> tuple[list[str], list[Action]]:
+    ) -> tuple[list[str], list[Action], dict[str, float]]:
         """The candidate plan for `live` with the fewest late requests among `planned` (then the
-        least total completion), and those requests (module docstring). `previous`: a plan of
-        the same requests to consider too, if not empty; `cut_units`: whether to try the units
-        cut after their late requests when the others leave someone late."""
+        least total completion), those requests and its completion times (module docstring).
+        `previous`: a plan of the same requests to consider too, if not empty; `cut_units`:
+        whether to try the units cut after their late requests when the others leave someone
+        late."""
         timed = self._actions(state, live, now_ms, "time", memo)
         scored_time = _late_and_total(state, live, planned, now_ms, timed)
-        if not scored_time[0]:  # the least total completion, nobody late: nothing can beat it
-            return [], timed
+        if not scored_time.late:  # the least total completion, nobody late: nothing can beat it
+            return [], timed, scored_time.completion
         candidates = [timed, self._actions(state, live, now_ms, "tardy", memo)]
         if multi_app:
             candidates.append(self._actions(state, live, now_ms, "tardy", memo, interleave=True))
@@ -174,13 +182,20 @@ class DPScheduler:
             for n, a in enumerate(candidates)
             if n > 0
         ]
-        (late, _), best = min(scored, key=lambda x: (len(x[0][0]), x[0][1], x[1]))
-        if late and cut_units:  # the units cut after their late requests (module docstring)
-            cut = self._actions(state, live, now_ms, "tardy", memo, cut_after=frozenset(late))
-            cut_late, _ = _late_and_total(state, live, planned, now_ms, cut)
-            if len(cut_late) < len(late):
-                return cut_late, cut
-        return late, candidates[best]
+        found, best = min(scored, key=lambda x: (len(x[0].late), x[0].total_ms, x[1]))
+        if found.late and cut_units:  # the units cut after their late requests (module docstring)
+            cut_after = frozenset(found.late)
+            cut = self._actions(state, live, now_ms, "tardy", memo, cut_after=cut_after)
+            cut_scored = _late_and_total(state, live, planned, now_ms, cut)
+            if len(cut_scored.late) < len(found.late):
+                return cut_scored.late, cut, cut_scored.completion
+        return found.late, candidates[best], found.completion
+
+
+class _Scored(NamedTuple):
+    late: list[str]  # planned requests that finish after their deadline
+    total_ms: float  # the total completion time
+    completion: dict[str, float]  # of every request
 
 
 def _late_and_total(
@@ -189,12 +204,13 @@ def _late_and_total(
     planned: set[str],
     now_ms: float,
     actions: list[Action],
-) -> tuple[list[str], float]:
-    """Planned requests that `actions` finish after their deadline (the running step counted
-    from its start, `scheduler.timeline`), and the total completion."""
+) -> _Scored:
+    """How `actions` serve `live` (the running step counted from its start,
+    `scheduler.timeline`): the planned requests they finish late, the total completion time and
+    every request's completion time."""
     completion, _ = replay(state.deployment, live, now_ms, actions, state.running)
     late = [r.id for r in live if r.id in planned and completion[r.id] > r.deadline_ms]
-    return late, total_completion_ms(completion, now_ms)
+    return _Scored(late, total_completion_ms(completion, now_ms), completion)
 
 
 def _without(actions: list[Action], gone: set[str]) -> list[Action]:
