@@ -177,6 +177,7 @@ class Runtime:
         self._estimates: dict[tuple[str, int], tuple[float, float | None]] = {}
         self._replan_queued = False
         self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_ms: float | None = None  # the deadline it is set for
         self._admitting = 0
         self._plans_seen = 0
 
@@ -285,21 +286,28 @@ class Runtime:
 
     def _arm_deadline_timer(self) -> None:
         """Wake at the earliest deadline of a queued request, so that a request whose deadline
-        passes while it waits is answered then, not when the next batch forms."""
+        passes while it waits is answered then, not when the next batch forms. A timer already
+        set for that deadline is kept."""
         running = set(self.engine.running.action.request_ids) if self.engine.running else set()
-        deadlines = [r.deadline_ms for r in self.engine.state if r.id not in running]
+        first = min((r.deadline_ms for r in self.engine.state if r.id not in running), default=None)
         if self._deadline_timer is not None:
+            if first == self._deadline_ms:
+                return
             self._deadline_timer.cancel()
             self._deadline_timer = None
-        if deadlines:
+        self._deadline_ms = first
+        if first is not None:
+            delay_s = max(0.0, (first - self.clock()) / 1000.0) + 0.0005
             loop = asyncio.get_running_loop()
-            delay_s = max(0.0, (min(deadlines) - self.clock()) / 1000.0) + 0.0005
-            self._deadline_timer = loop.call_later(delay_s, self._replan_now)
+            self._deadline_timer = loop.call_later(delay_s, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self._deadline_timer = None
+        self._replan_now()
 
     def _replan_soon(self) -> None:
-        """Re-plan on the loop's next turn, once for whatever asks before then: arrivals decoded
-        in the same turn, and the re-plan after a continued step (whose start is reported in the
-        same turn as the decodes that ran just before it on the executor thread)."""
+        """Re-plan on the loop's next turn, once for whatever asks before then (arrivals decoded
+        in the same turn share one plan)."""
         if not self._replan_queued:
             self._replan_queued = True
             asyncio.get_running_loop().call_soon(self._replan_now)
@@ -411,7 +419,9 @@ class Runtime:
         can: the engine takes back what a step did and the next step is handed to the executor
         thread first; the rest (answers, metrics, calibration) and the re-plan that follows a
         continued step run on the loop once that thread has started the next step (`_Later`),
-        so they neither delay the hand-off nor hold the GIL the thread needs to start it."""
+        so they neither delay the hand-off nor hold the GIL the thread needs to start it. That
+        re-plan is skipped when a request decoded just before the step (on the executor thread)
+        has already been planned since it started (`Engine.plan_is_current`)."""
         assert self._kick is not None and self._idle is not None
         loop = asyncio.get_running_loop()
         while True:

@@ -569,6 +569,37 @@ async def test_triton_7512_deadline_enforced_while_waiting(
     assert_nothing_left(runtime)
 
 
+async def test_each_waiting_request_is_dropped_at_its_own_deadline(aiohttp_client: Any) -> None:
+    """Two requests wait behind long work with different deadlines: the server wakes at the
+    first, answers it, and sets its next wake-up for the second."""
+    runtime = build([CIFAR, FACES], policy="dp-tardy")
+    client = await serve(aiohttp_client, runtime)
+    with StageGate(runtime, FACES, 0) as gate:
+        gate.close()
+        blocker = asyncio.create_task(
+            infer(client, infer_doc(jpeg(synthetic_rgb(240, 320)), app=FACES, request_id="long"))
+        )
+        await gate.held()
+        started = time.monotonic()
+
+        async def timed(deadline_ms: float, rid: str) -> tuple[float, dict[str, Any]]:
+            doc = infer_doc(small_jpeg(), deadline_ms=deadline_ms, request_id=rid)
+            _, answer = await infer(client, doc)
+            return time.monotonic() - started, answer
+
+        (t_first, first), (t_second, second) = await asyncio.gather(
+            timed(300.0, "first"), timed(700.0, "second")
+        )
+        assert gate.closed
+        assert first["status"] == second["status"] == "dropped"
+        assert 0.3 <= t_first < 0.7 <= t_second < GATE_LIMIT_S / 3
+        assert first["timing"]["total_ms"] >= 300.0 and second["timing"]["total_ms"] >= 700.0
+        gate.open()
+        status, answer = await blocker
+    assert status == 200 and answer["request_id"] == "long"
+    assert_nothing_left(runtime)
+
+
 async def test_ray_serve_50046_cancelling_one_request_never_stalls_its_batch(
     aiohttp_client: Any,
 ) -> None:
