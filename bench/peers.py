@@ -1402,6 +1402,7 @@ def pool_interleaved(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) ->
     return {
         **first,
         "rounds": "/".join(str(r) for r in dict.fromkeys(d["rounds"] for d in docs)),
+        "pooled_runs": len(docs),
         "runs": runs,
         "mean_on_time": mean_on_time(runs),
         "compute_bound": {  # each run's own, and their means (the speed warnings are per run)
@@ -1450,6 +1451,15 @@ def report_main(paths: Sequence[Path], png: Path, seed: int) -> None:
     print(f"wrote {png}")
 
 
+def rounds_text(doc: Mapping[str, Any]) -> str:
+    """How many rounds a result holds, in words: "2 rounds interleaved", or for runs pooled by
+    `--report`, "5 runs pooled"."""
+    runs = doc.get("pooled_runs", 1)
+    if runs > 1:
+        return f"{runs} runs pooled"
+    return f"{doc['rounds']} rounds interleaved"
+
+
 def crossings(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Each server's crossing of the threshold, or its capacity where no crossing was bracketed."""
     return {r["server"]: r["crossing_rps"] or r["capacity_rps"] for r in rows}
@@ -1483,7 +1493,7 @@ def interleaved_results(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "server": server,
                 "model": doc["model"],
                 "deadline_ms": doc["deadline_ms"],
-                "arrival": f"{doc.get('arrival', 'poisson')}, {doc['rounds']} rounds interleaved",
+                "arrival": f"{doc.get('arrival', 'poisson')}, {rounds_text(doc)}",
                 "knobs": label if server != "layerbatch" else doc["knobs"][server],
                 "capacity_rps": capacity,
                 "crossing_rps": crossing,

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.peers import AZURE_TRACE, ROOT, pool_interleaved, trace_arrivals_s
+from bench.peers import (
+    AZURE_TRACE,
+    ROOT,
+    interleaved_results,
+    pool_interleaved,
+    trace_arrivals_s,
+)
 from bench.peers_crossing import edge_crossing, ratio_interval
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
 from traces.arrivals import load_timestamps
@@ -106,7 +112,8 @@ def test_pooling_keeps_every_round_of_every_rate_and_refuses_another_cell() -> N
     assert [x["on_time_ratio"] for x in pooled["runs"]["layerbatch"]["5"]] == [1.0, 0.9, 0.7]
     assert pooled["mean_on_time"]["torchserve"] == {"5": pytest.approx(0.6333, abs=1e-4), "7": 0.2}
     assert pooled["compute_bound"]["rps"] == 32.0 and pooled["compute_bound"]["batched_rps"] == 46.0
-    assert pooled["rounds"] == "2/1"
+    assert pooled["rounds"] == "2/1" and pooled["pooled_runs"] == 2
+    assert interleaved_results(pooled)[0]["arrival"] == "azure, 2 runs pooled"
     assert pool_interleaved([a], ["a.json"]) == a
     other = _doc({"layerbatch": {"5": [1.0]}}, deadline_ms=1000.0)
     with pytest.raises(ValueError, match=r"b\.json: measured resnet18 at 1000 ms under azure"):
