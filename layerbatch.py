@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from scheduler.deployment import DEFAULT_MIN_GROUP_MS
 from scheduler.errors import InputError
 from scheduler.policies import POLICIES as POLICY_CHOICES
 from traces.arrivals import TraceError
@@ -174,6 +175,14 @@ def parser() -> argparse.ArgumentParser:
         action="store_false",
         help="serve the models as defined (default: batch norms folded into the convolutions "
         "before them at load: the same function up to float rounding, 4-29%% faster on a CPU)",
+    )
+    srv.add_argument(
+        "--min-group-ms",
+        type=_non_negative_float,
+        default=DEFAULT_MIN_GROUP_MS,
+        help="cut a model into fewer than 5 layer groups where its groups would take less than "
+        "this at batch 1 (each group ends a step, and a step's hand-off costs about 1 ms on a "
+        "2-core CPU; default %(default)g, 0: 5 groups for every model)",
     )
     srv.add_argument(
         "--step-log",
@@ -478,6 +487,14 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
+    p.add_argument(
+        "--min-group-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="fewer layer groups for models whose groups would take less than this at batch 1, "
+        "as `layerbatch serve --min-group-ms` (the server's default is "
+        f"{DEFAULT_MIN_GROUP_MS:g}; default 0: G groups for every model)",
+    )
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -613,11 +630,12 @@ def _deployment_inputs(ns: argparse.Namespace) -> tuple[list[Any], list[Any], li
 
 
 def _build(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
-    from scheduler.deployment import DEFAULT_GROUPS, Deployment
+    from scheduler.deployment import DEFAULT_GROUPS, Deployment, groups_by_duration
 
     profiles, apps, named = _deployment_inputs(ns)
     source = ns.apps or "--profile"
-    d = Deployment(profiles, apps, ns.max_batch, ns.groups or DEFAULT_GROUPS, source)
+    groups = groups_by_duration(profiles, ns.groups or DEFAULT_GROUPS, ns.min_group_ms)
+    d = Deployment(profiles, apps, ns.max_batch, groups, source)
     return d, named
 
 
@@ -932,7 +950,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     runtime = build_runtime(
         apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
         ns.threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
-        step_log=Path(ns.step_log) if ns.step_log else None,
+        step_log=Path(ns.step_log) if ns.step_log else None, min_group_ms=ns.min_group_ms,
     )  # fmt: skip
     yield_to_torch()  # this thread runs the event loop; the models run on the runtime's thread
     config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)

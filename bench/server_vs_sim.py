@@ -98,7 +98,7 @@ def main() -> None:
         )
         for m in DEMO_APPS
     ]
-    d = Deployment(profiles)
+    d = Deployment(profiles, groups=status["layer_groups"])  # the server's G per model
     delay_ms = 0.0 if on_device else decode_ms
     w = Workload(
         tuple(r.due_s * 1000.0 + delay_ms for r in records),

@@ -16,6 +16,10 @@ from scheduler.profile import Profile, balanced_bounds
 from scheduler.types import App
 
 DEFAULT_GROUPS = 5
+# The server's floor on a layer group's batch-1 time (`groups_by_duration`): each group ends a
+# step, and on a 2-core CPU the device waits about 1 ms for the next one to be handed out, so a
+# group should be several times that long.
+DEFAULT_MIN_GROUP_MS = 4.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class Deployment:
     `max_batch` caps every model's batch bound B (a model's bound is the smaller of this cap and
     its profile's `max_batch`). `groups` is G, the number of layer groups per model of about equal
     batch-1 time (paper section 4.1): the runtime re-plans after each group, and the grouped DP
-    treats the requests inside one group as one unit.
+    treats the requests inside one group as one unit. It is one G for every model, or a G per
+    model (every model named, e.g. from `groups_by_duration`).
     """
 
     def __init__(
@@ -45,7 +50,7 @@ class Deployment:
         profiles: Iterable[Profile],
         apps: Iterable[App] | None = None,
         max_batch: int | None = None,
-        groups: int = DEFAULT_GROUPS,
+        groups: int | Mapping[str, int] = DEFAULT_GROUPS,
         source: str = "deployment",
     ) -> None:
         self.profiles: dict[str, Profile] = {}
@@ -57,8 +62,15 @@ class Deployment:
             raise InputError(source, "profiles", "at least one profile")
         if max_batch is not None and max_batch < 1:
             raise InputError(source, "max_batch", "a positive integer", max_batch)
-        if groups < 1:
-            raise InputError(source, "groups", "a positive number of layer groups", groups)
+        per_model = {m: groups for m in self.profiles} if isinstance(groups, int) else dict(groups)
+        if set(per_model) != set(self.profiles):
+            raise InputError(
+                source, "groups", f"a number of layer groups for each of {sorted(self.profiles)}",
+                sorted(per_model),
+            )  # fmt: skip
+        for m, g in per_model.items():
+            if not isinstance(g, int) or g < 1:
+                raise InputError(source, f"groups.{m}", "a positive number of layer groups", g)
         app_list = list(apps) if apps is not None else []
         if not app_list:
             app_list = [App(m, (m,)) for m in self.profiles]
@@ -78,7 +90,7 @@ class Deployment:
             for m, p in self.profiles.items()
         }
         self._tables = {m: p.table(self._limits[m]) for m, p in self.profiles.items()}
-        self._bounds = {m: _group_bounds(p, groups) for m, p in self.profiles.items()}
+        self._bounds = {m: _group_bounds(p, per_model[m]) for m, p in self.profiles.items()}
         # per app, for every position: the layer group it lies in, counted over the chain
         self._group_at = {a: self._chain_groups(chain) for a, chain in self._chains.items()}
         # memos of the pure functions of the above that planners call most (run_ms, solo_ms)
@@ -203,6 +215,29 @@ def _chain(app: App, profiles: Mapping[str, Profile]) -> tuple[ChainLink, ...]:
         links.append(ChainLink(m, offset, n))
         offset += n
     return tuple(links)
+
+
+def groups_by_duration(
+    profiles: Iterable[Profile], groups: int, min_group_ms: float
+) -> dict[str, int]:
+    """A G per model: `groups`, or fewer where the model is short, so that its groups take at
+    least `min_group_ms` each at batch 1 (at least one group): min(G, max(1, floor(T / min)))
+    with T the model's batch-1 time. `min_group_ms` 0 gives every model `groups`.
+
+    Why: each group ends a step, and the device waits for the next one to be handed out. On a
+    2-core CPU that hand-off took about 1 ms, and resnet20_cifar10 (1.9 ms a sample) or UltraFace
+    (6.7 ms) cut in 5 groups spent as long waiting as computing. In the simulator with 1 ms a
+    step, the demo's five models at 300 ms: dp-tardy's capacity 80 req/s with 5 groups each, 95
+    with a 3-5 ms floor; mobilenet_v2 alone 175 -> 185 req/s; resnet18 and googlenet (23 ms)
+    keep their 5 groups (bench/results/peers-log.md, session 36)."""
+    if min_group_ms < 0 or not math.isfinite(min_group_ms):
+        raise InputError("deployment", "min_group_ms", "a finite number of ms >= 0", min_group_ms)
+    out = {}
+    for p in profiles:
+        total_ms = sum(p.latency_ms(k, 1) for k in range(p.num_stages))
+        fit = groups if min_group_ms == 0 else max(1, math.floor(total_ms / min_group_ms))
+        out[p.model] = min(groups, fit)
+    return out
 
 
 def _group_bounds(profile: Profile, groups: int) -> tuple[int, ...]:

@@ -15,7 +15,12 @@ from layerexec.allocator import keep_freed_memory, reserve_heap
 from layerexec.memory import batch_bound
 from layerexec.profiler import profile_model
 from layerexec.torch_thread import TorchThread
-from scheduler.deployment import DEFAULT_GROUPS, Deployment
+from scheduler.deployment import (
+    DEFAULT_GROUPS,
+    DEFAULT_MIN_GROUP_MS,
+    Deployment,
+    groups_by_duration,
+)
 from scheduler.errors import InputError
 from scheduler.profile import Profile, dumps_profile, load_profile
 from scheduler.types import App
@@ -69,13 +74,15 @@ def build_runtime(
     fold_batch_norm: bool = True,
     decode_threads: int | None = None,
     step_log: Path | None = None,
+    min_group_ms: float = DEFAULT_MIN_GROUP_MS,
 ) -> Runtime:
     """A runtime serving each named model as an app of its own name (batch norms folded into
     the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
     activation memory stays in the process from here on (`layerexec.allocator`). The models are
     loaded, profiled if need be and warmed up on the runtime's executor thread, and the calling
     thread runs no torch op (`layerexec.torch_thread`). With `step_log`, every step is written
-    there (`server.step_log`)."""
+    there (`server.step_log`). Each model is cut into at most `groups` layer groups, fewer where
+    its groups would take less than `min_group_ms` each at batch 1 (`groups_by_duration`)."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -90,7 +97,8 @@ def build_runtime(
     def build() -> Runtime:  # on `thread`
         models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
         profiles = [_profile(m, profiles_dir, progress, memory_mb) for m in models.values()]
-        deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=groups)
+        per_model = groups_by_duration(profiles, groups, min_group_ms)
+        deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=per_model)
         memory = None if memory_mb is None else memory_mb * 2**20
         runtime = Runtime(
             deployment, models, policy, max_queued=max_queued, memory_bytes=memory,

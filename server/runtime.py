@@ -712,6 +712,7 @@ class Runtime:
             "decode_threads": self.decode_threads,
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
             "step_gap_ms": None if self.step_gap_ms is None else round(self.step_gap_ms, 3),
+            "layer_groups": {m: len(self.deployment.group_bounds(m)) for m in self.base_profiles},
             "failure": self.failure,
         }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ class Setup:
     profiles: tuple[Profile, ...]
     apps: tuple[App, ...]
     max_batch: int | None
-    groups: int
+    groups: int | Mapping[str, int]
     mix: tuple[tuple[str, float], ...]
     arrival: str
     requests: int

@@ -114,10 +114,12 @@ def build(
 ) -> Runtime:
     """A runtime over the bundled CPU profiles, one torch thread, calibration off (see above),
     one decode thread (so that a test holding the executor can still have inputs decoded, on a
-    machine of any size)."""
+    machine of any size), and 5 layer groups for every model, resnet20 too (no floor on a
+    group's time, `min_group_ms=0`): the tests follow requests through continued steps."""
     runtime = build_runtime(
-        list(apps), policy=policy, threads=1, max_queued=max_queued, decode_threads=decode_threads
-    )
+        list(apps), policy=policy, threads=1, max_queued=max_queued,
+        decode_threads=decode_threads, min_group_ms=0.0,
+    )  # fmt: skip
     runtime.calibrate = False
     return runtime
 

@@ -413,6 +413,22 @@ def test_sim_step_gap_slows_every_request(capsys: pytest.CaptureFixture[str]) ->
     assert code == 2 and "--step-gap-ms" in err and "a finite number >= 0" in err
 
 
+def test_sim_min_group_ms_runs_a_short_model_in_fewer_steps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """resnet20_cifar10 (about 2 ms a sample here) in 5 groups waits out 5 hand-offs a request,
+    in one group (a 4 ms floor, as `layerbatch serve` by default) one."""
+    args = ("sim", "--profile", "resnet20_cifar10-cpu", "--rate", "20", "--requests", "200")
+    args += ("--step-gap-ms", "1", "--policy", "dp-tardy", "--deadline-ms", "300", "--json")
+    code, out, _ = run_main(capsys, *args)
+    code_floor, out_floor, _ = run_main(capsys, *args, "--min-group-ms", "4")
+    assert code == code_floor == 0
+    five, one = json.loads(out), json.loads(out_floor)
+    assert five["mean_ms"] - one["mean_ms"] == pytest.approx(4.0, abs=1.0)
+    code, _, err = run_main(capsys, *args, "--min-group-ms", "-1")
+    assert code == 2 and "--min-group-ms" in err and "a finite number >= 0" in err
+
+
 def test_sim_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, *[a for a in SIM_ARGS if a != "--json"])
     assert code == 0

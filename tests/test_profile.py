@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.deployment import Deployment
+from scheduler.deployment import Deployment, groups_by_duration
 from scheduler.errors import InputError
 from scheduler.profile import load_profile, parse_profile, scaled, scaled_stages, with_entry_cost
 from tests.sim_cases import PPIPE_TIMING, SHIPPED_PROFILES, profile_doc, write_json
@@ -264,6 +264,36 @@ def test_one_group_is_the_whole_model() -> None:
     assert d.group_bounds("m") == (0,)
     assert d.group_end("m", 0) == 3
     assert d.group_end("m", 2) == 3
+
+
+def test_short_models_get_fewer_groups_of_at_least_the_floor() -> None:
+    # batch-1 totals 23.0, 10.0 and 1.9 ms, about resnet18, mobilenet_v2 and resnet20_cifar10 here
+    long_, mid, short = (
+        _batch1_profile([2.3] * 10, "long"),
+        _batch1_profile([0.5] * 20, "mid"),
+        _batch1_profile([0.19] * 10, "short"),
+    )
+    per_model = groups_by_duration([long_, mid, short], 5, 4.0)
+    assert per_model == {"long": 5, "mid": 2, "short": 1}
+    assert groups_by_duration([long_, mid, short], 5, 0.0) == {"long": 5, "mid": 5, "short": 5}
+    assert groups_by_duration([long_], 3, 1.0) == {"long": 3}  # never more than G
+    d = Deployment([long_, mid, short], groups=per_model)
+    assert [len(d.group_bounds(m)) for m in ("long", "mid", "short")] == [5, 2, 1]
+    assert d.group_bounds("mid") == (0, 10)
+    assert d.group_end("short", 0) == 10  # one group: a step runs the whole model
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(InputError, match="min_group_ms: expected a finite number of ms >= 0"):
+            groups_by_duration([long_], 5, bad)
+
+
+def test_groups_per_model_must_name_every_model_with_a_positive_count() -> None:
+    a, b = _batch1_profile([1.0] * 4, "a"), _batch1_profile([1.0] * 4, "b")
+    with pytest.raises(InputError, match=r"groups: expected a number of layer groups for each"):
+        Deployment([a, b], groups={"a": 2})
+    with pytest.raises(InputError, match=r"groups\.b: expected a positive number"):
+        Deployment([a, b], groups={"a": 2, "b": 0})
+    with pytest.raises(InputError, match=r"groups\.a: expected a positive number"):
+        Deployment([a, b], groups=0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -869,6 +869,25 @@ def test_plans_carry_each_stages_own_measured_factor() -> None:
     assert doc["time_scale"] == pytest.approx((whole_ms + first_ms) / whole_ms, abs=1e-3)
 
 
+def test_a_model_shorter_than_the_group_floor_runs_in_one_group_through_rebases() -> None:
+    """By default (`DEFAULT_MIN_GROUP_MS`) resnet20 (about 2 ms at batch 1 here) is one layer
+    group, so a step runs it whole; a calibration rebase with slower stages keeps its groups."""
+    from server.build import build_runtime
+    from server.runtime import CALIBRATION_EVERY
+
+    runtime = build_runtime([CIFAR], threads=1, decode_threads=1)
+    try:
+        assert runtime.deployment.group_bounds(CIFAR) == (0,)
+        base = runtime.base_profiles[CIFAR]
+        ms = [base.latency_ms(k, 1) for k in range(base.num_stages)]
+        for _ in range(CALIBRATION_EVERY + 1):
+            runtime._calibrate(CIFAR, 0, ms, 3.0 * sum(ms))
+        assert runtime.deployment.latency_ms(CIFAR, 0, 1) == pytest.approx(3.0 * ms[0])
+        assert runtime.deployment.group_bounds(CIFAR) == (0,)
+    finally:
+        runtime.torch_thread.close()
+
+
 # --- a fault in the scheduler ------------------------------------------------------------------
 class FaultyPolicy:
     """A policy with a bug: every plan raises."""
