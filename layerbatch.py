@@ -1217,7 +1217,7 @@ def cmd_profiles(ns: argparse.Namespace) -> int:
 
     for path in sorted(BUNDLED_PROFILES.glob("*.json")):
         p = load_profile(path)
-        solo = sum(p.latency_ms(k, 1) for k in range(p.num_stages))
+        solo = sum(p.batch1_ms)
         print(
             f"{path.stem:<32} {p.device:<22} {p.num_stages:>3} stages  batch-1 {solo:7.2f} ms  max_batch {p.max_batch}"
         )

@@ -234,12 +234,11 @@ def groups_by_duration(
         raise InputError("deployment", "min_group_ms", "a finite number of ms >= 0", min_group_ms)
     out = {}
     for p in profiles:
-        total_ms = sum(p.latency_ms(k, 1) for k in range(p.num_stages))
-        fit = groups if min_group_ms == 0 else max(1, math.floor(total_ms / min_group_ms))
+        fit = groups if min_group_ms == 0 else max(1, math.floor(sum(p.batch1_ms) / min_group_ms))
         out[p.model] = min(groups, fit)
     return out
 
 
 def _group_bounds(profile: Profile, groups: int) -> tuple[int, ...]:
     """Start stages of `groups` contiguous groups of about equal batch-1 latency."""
-    return balanced_bounds([profile.latency_ms(k, 1) for k in range(profile.num_stages)], groups)
+    return balanced_bounds(profile.batch1_ms, groups)

@@ -61,6 +61,11 @@ class Profile:
         """The largest activation peak per sample of any stage (0 if not measured)."""
         return max((s.peak_bytes for s in self.stages), default=0)
 
+    @property
+    def batch1_ms(self) -> tuple[float, ...]:
+        """Each stage's latency at batch 1."""
+        return tuple(self.latency_ms(k, 1) for k in range(self.num_stages))
+
     def latency_ms(self, stage: int, batch: int) -> float:
         """Latency of `stage` at batch size `batch` (see module docstring); +inf above max_batch."""
         if batch <= 0:
@@ -131,7 +136,7 @@ def coarsen(profile: Profile, parts: int) -> Profile:
     """The profile with its stages merged into `parts` blocks of about equal batch-1 time (PPipe
     section 5.2's pre-partitioning): a block's latency at each batch size is the sum of its
     stages', its output that of its last stage."""
-    starts = balanced_bounds([profile.latency_ms(k, 1) for k in range(profile.num_stages)], parts)
+    starts = balanced_bounds(profile.batch1_ms, parts)
     ends = [*starts[1:], profile.num_stages]
     blocks = []
     for a, b in zip(starts, ends, strict=True):
