@@ -442,6 +442,44 @@ def test_dp_tardy_adds_back_the_late_requests_that_the_rest_leave_room_for() -> 
     assert {plan.completion_ms[f"r{i}"] for i in range(3)} == {27.5}
 
 
+def test_dp_tardy_stops_adding_back_after_refusals_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past capacity every add-back trial finds no room (each a whole re-plan): after
+    ADD_BACK_PATIENCE refusals in a row the rest are dropped untried, the same plan as trying
+    them all here, made with fewer trials."""
+    import scheduler.policies.dp as dp_module
+
+    d = Deployment([make_profile("m", [[10.0, 16.0, 28.0, 52.0]])], max_batch=8, groups=1)
+    # one stage: 40 requests, one every 2 ms, each due 60 ms after it arrived; at 6.5 ms a
+    # sample at batch 8, the device serves about one in three
+    requests = [req(f"r{i:02d}", "m", 0, -2.0 * (39 - i), 60.0 - 2.0 * (39 - i)) for i in range(40)]
+    refused: list[bool] = []  # each add-back trial: found no room
+    fewest_late = dp_module.DPScheduler._fewest_late
+
+    def counted(self: Any, *args: Any, cut_units: bool = True) -> Any:
+        out = fewest_late(self, *args, cut_units=cut_units)
+        if not cut_units:
+            refused.append(bool(out[0]))
+        return out
+
+    monkeypatch.setattr(dp_module.DPScheduler, "_fewest_late", counted)
+    state = state_of(d, requests)
+    plan = make_policy("dp-tardy").plan(state, 0.0)
+    check_plan(state, 0.0, plan, "dp-tardy")
+    patience = dp_module.ADD_BACK_PATIENCE
+    patient = list(refused)
+    assert patient[-patience:] == [True] * patience  # it stopped after that many in a row
+    predicted = [x for x in plan.dropped if x.reason == PREDICTED_LATE]
+    assert len(predicted) > patient.count(True)  # some dropped untried
+
+    refused.clear()
+    monkeypatch.setattr(dp_module, "ADD_BACK_PATIENCE", 10**6)
+    unlimited = make_policy("dp-tardy").plan(state_of(d, requests), 0.0)
+    assert len(refused) > len(patient) and all(refused[len(patient) :])  # none had room
+    assert unlimited.dropped_ids == plan.dropped_ids and unlimited.actions == plan.actions
+
+
 def eight_waiting(first_two_deadline_ms: float) -> SchedulerState:
     """One stage, one layer group (so one unit of all eight): batches of 2 in 16 ms, 4 in 28,
     8 in 52 (6 in 40, interpolated); r0 and r1 (the oldest) due at `first_two_deadline_ms`, the
