@@ -553,8 +553,11 @@ class Running:
         policy: str = "dp-tardy",
         fold_peers: bool = False,
         step_log: bool = False,
+        root: Path = ROOT,
     ) -> None:
-        """`step_log`: layerbatch writes its steps beside its log, as .steps.jsonl."""
+        """`step_log`: layerbatch writes its steps beside its log, as .steps.jsonl. `root`: the
+        checkout layerbatch's server runs from (its working directory, which `python -m`
+        imports from first), this one by default."""
         self.server, self.model, self.knobs = server, model, knobs
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -566,7 +569,7 @@ class Running:
         )
         self._logf = self.log.open("wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=env, cwd=root,
             start_new_session=True,
         )  # fmt: skip
         self.started = time.monotonic()

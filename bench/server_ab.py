@@ -1,0 +1,136 @@
+"""layerbatch's server at this checkout against itself at another git revision, side by side.
+
+A change to the server is worth keeping when it serves more requests on time under the same load
+on the same machine; on these shared machines a server's on-time ratio moves by several points
+from one run to the next, so one run before and one after say little. This starts both servers
+at once (the revision checked out into a temporary git worktree, run with this checkout's venv),
+stops (SIGSTOP) the one not being measured, and alternates them over `--pairs` pairs of
+`--seconds` of Poisson arrivals (the same arrivals for both within a pair, the first of each pair
+alternating), as `bench/peers.py` sends them. It prints each run's on-time ratio, drops,
+timeouts and where the server's time went (`bench/peers_busy.py`: steps, decodes, hand-offs,
+planning), then both sides' means and their difference.
+
+`--against HEAD` measures the harness itself (an A/A run): the same code on both sides. On a
+2-core machine, mobilenet_v2 at 300 ms and 125 req/s, single pairs differed by up to 0.05 and
+three pairs' means by 0.003 (`bench/results/peers-log.md`, session 37).
+
+    .venv/bin/python bench/server_ab.py --against fb54789 --model mobilenet_v2 \\
+        --deadline-ms 1000 --rate 150 --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.peers import ROOT, Knobs, Load, Running, poisson_arrivals_s, summarize
+from bench.peers_busy import busy_shares
+from client.frames import jpeg, video_frames
+
+
+def worktree(rev: str, into: Path) -> Path:
+    """`rev` checked out (detached) at `into`; raises with git's own message if it cannot be."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(into), rev],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"--against: git could not check out {rev!r}: {done.stderr.strip()}")
+    return into
+
+
+async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[str, Any]]]:
+    frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
+    logs = Path(args.logdir)
+    roots = {"this checkout": ROOT, args.against: other}  # a git revision has no spaces
+    runs = {n: Running("layerbatch", args.model, Knobs(), args.deadline_ms, logs, root=r)
+            for n, r in roots.items()}  # fmt: skip
+    loads = {n: Load(r, frames, args.deadline_ms) for n, r in runs.items()}
+    give_up_s = args.deadline_ms / 1000.0
+    out: dict[str, list[dict[str, Any]]] = {n: [] for n in runs}
+    try:
+        for name, load in loads.items():  # ready, and a short warm-up at 70% of the rate
+            await load.ready()
+            warm = poisson_arrivals_s(0.7 * args.rate, 5.0, np.random.default_rng(args.seed))
+            await load.run_arrivals(warm, give_up_s)
+            print(f"{name}: ready in {runs[name].ready_s:.0f} s", file=sys.stderr, flush=True)
+        for i in range(args.pairs):
+            order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+            arrivals = poisson_arrivals_s(
+                args.rate, args.seconds, np.random.default_rng(args.seed + 1 + i)
+            )
+            for name in order:
+                for other_name, run in runs.items():
+                    run.pause(other_name != name)
+                await asyncio.sleep(2.0)
+                load = loads[name]
+                before, t0 = await load.busy(), time.monotonic()
+                samples = await load.run_arrivals(arrivals, give_up_s)
+                wall_ms = (time.monotonic() - t0) * 1000.0
+                after = await load.busy()
+                row = summarize(samples, args.deadline_ms, args.seconds)
+                assert before is not None and after is not None
+                row["busy_share"] = busy_shares(before, after, wall_ms)
+                out[name].append(row)
+                shares = " ".join(f"{k} {v:.3f}" for k, v in row["busy_share"].items())
+                print(
+                    f"pair {i} {name:>10}: on time {row['on_time_ratio']:.3f}, dropped "
+                    f"{row['dropped']}, timeouts {row['timeouts']}; {shares}",
+                    flush=True,
+                )
+                await load.quiesce()
+    finally:
+        for load in loads.values():
+            await load.close()
+        for run in runs.values():
+            run.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--against", required=True, help="a git revision (HEAD: an A/A run)")
+    ap.add_argument("--model", default="mobilenet_v2")
+    ap.add_argument("--deadline-ms", type=float, default=300.0)
+    ap.add_argument("--rate", type=float, default=125.0, help="req/s, Poisson")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=20.0, help="per run")
+    ap.add_argument("--seed", type=int, default=100)
+    ap.add_argument("--logdir", default=str(ROOT / "out" / "server-ab"))
+    args = ap.parse_args()
+    for flag, value in (
+        ("--rate", args.rate),
+        ("--pairs", args.pairs),
+        ("--seconds", args.seconds),
+    ):
+        if not value > 0:
+            raise SystemExit(f"{flag}: expected a positive number, got {value:g}")
+    with tempfile.TemporaryDirectory(prefix="layerbatch-ab-") as tmp:
+        other = worktree(args.against, Path(tmp) / "checkout")
+        try:
+            out = asyncio.run(measure(args, other))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)])
+    means = {n: float(np.mean([r["on_time_ratio"] for r in rows])) for n, rows in out.items()}
+    (this, that) = means
+    print(
+        f"\n{args.model}, {args.deadline_ms:g} ms, {args.rate:g} req/s, {args.pairs} pairs of "
+        f"{args.seconds:g} s: on time {means[this]:.3f} ({this}) against {means[that]:.3f} "
+        f"({that}), difference {means[this] - means[that]:+.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
