@@ -6,7 +6,9 @@ from one run to the next, so one run before and one after say little. This start
 at once (the revision checked out into a temporary git worktree, run with this checkout's venv),
 stops (SIGSTOP) the one not being measured, and alternates them over `--pairs` pairs of
 `--seconds` of Poisson arrivals (the same arrivals for both within a pair, the first of each pair
-alternating), as `bench/peers.py` sends them. It prints each run's on-time ratio, drops,
+alternating), as `bench/peers.py` sends them; with `--arrivals azure`, every run sends the Azure
+code trace's first `--requests` arrivals rescaled to the rate, as `bench/peers.py --arrivals
+azure` does. It prints each run's on-time ratio, drops,
 timeouts and where the server's time went (`bench/peers_busy.py`: steps, decodes, hand-offs,
 planning), then both sides' means and their difference.
 
@@ -34,7 +36,17 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peers import ROOT, Knobs, Load, Running, poisson_arrivals_s, summarize
+from bench.peers import (
+    AZURE_TRACE,
+    FULL_LOAD,
+    ROOT,
+    Knobs,
+    Load,
+    Running,
+    poisson_arrivals_s,
+    summarize,
+    trace_arrivals_s,
+)
 from bench.peers_busy import busy_shares
 from client.frames import jpeg, video_frames
 
@@ -49,6 +61,17 @@ def worktree(rev: str, into: Path) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"--against: git could not check out {rev!r}: {done.stderr.strip()}")
     return into
+
+
+def arrivals_s(args: argparse.Namespace, pair: int) -> np.ndarray:
+    """The pair's arrivals, in seconds from the start of a run."""
+    if args.arrivals == "poisson":
+        return poisson_arrivals_s(
+            args.rate, args.seconds, np.random.default_rng(args.seed + 1 + pair)
+        )
+    from traces.arrivals import load_timestamps
+
+    return trace_arrivals_s(load_timestamps(AZURE_TRACE), args.rate, args.requests)
 
 
 async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[str, Any]]]:
@@ -68,9 +91,8 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
             print(f"{name}: ready in {runs[name].ready_s:.0f} s", file=sys.stderr, flush=True)
         for i in range(args.pairs):
             order = list(runs) if i % 2 == 0 else list(runs)[::-1]
-            arrivals = poisson_arrivals_s(
-                args.rate, args.seconds, np.random.default_rng(args.seed + 1 + i)
-            )
+            arrivals = arrivals_s(args, i)
+            duration_s = float(arrivals[-1]) if args.arrivals == "azure" else args.seconds
             for name in order:
                 for other_name, run in runs.items():
                     run.pause(other_name != name)
@@ -80,7 +102,7 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
                 samples = await load.run_arrivals(arrivals, give_up_s)
                 wall_ms = (time.monotonic() - t0) * 1000.0
                 after = await load.busy()
-                row = summarize(samples, args.deadline_ms, args.seconds)
+                row = summarize(samples, args.deadline_ms, duration_s)
                 assert before is not None and after is not None
                 row["busy_share"] = busy_shares(before, after, wall_ms)
                 out[name].append(row)
@@ -104,17 +126,18 @@ def main() -> None:
     ap.add_argument("--against", required=True, help="a git revision (HEAD: an A/A run)")
     ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--deadline-ms", type=float, default=300.0)
-    ap.add_argument("--rate", type=float, default=125.0, help="req/s, Poisson")
+    ap.add_argument("--rate", type=float, default=125.0, help="req/s (the mean, for the trace)")
+    ap.add_argument("--arrivals", choices=("poisson", "azure"), default="poisson")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=20.0, help="per run")
+    ap.add_argument("--seconds", type=float, default=20.0, help="per run, Poisson")
+    ap.add_argument(
+        "--requests", type=int, default=FULL_LOAD["min_requests"], help="per run, the trace"
+    )
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--logdir", default=str(ROOT / "out" / "server-ab"))
     args = ap.parse_args()
-    for flag, value in (
-        ("--rate", args.rate),
-        ("--pairs", args.pairs),
-        ("--seconds", args.seconds),
-    ):
+    for flag in ("--rate", "--pairs", "--seconds", "--requests"):
+        value = getattr(args, flag[2:])
         if not value > 0:
             raise SystemExit(f"{flag}: expected a positive number, got {value:g}")
     with tempfile.TemporaryDirectory(prefix="layerbatch-ab-") as tmp:
@@ -125,9 +148,10 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)])
     means = {n: float(np.mean([r["on_time_ratio"] for r in rows])) for n, rows in out.items()}
     (this, that) = means
+    runs = f"{args.seconds:g} s" if args.arrivals == "poisson" else f"{args.requests} arrivals"
     print(
-        f"\n{args.model}, {args.deadline_ms:g} ms, {args.rate:g} req/s, {args.pairs} pairs of "
-        f"{args.seconds:g} s: on time {means[this]:.3f} ({this}) against {means[that]:.3f} "
+        f"\n{args.model}, {args.deadline_ms:g} ms, {args.rate:g} req/s ({args.arrivals}), "
+        f"{args.pairs} pairs of {runs}: on time {means[this]:.3f} ({this}) against {means[that]:.3f} "
         f"({that}), difference {means[this] - means[that]:+.3f}"
     )
 

@@ -34,7 +34,7 @@ def test_a_revision_git_does_not_know_is_refused_with_gits_reason(tmp_path: Path
     assert not (tmp_path / "checkout" / "layerbatch.py").exists()
 
 
-@pytest.mark.parametrize("flag", ["--rate", "--pairs", "--seconds"])
+@pytest.mark.parametrize("flag", ["--rate", "--pairs", "--seconds", "--requests"])
 def test_a_count_or_rate_that_is_not_positive_is_refused(
     flag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
