@@ -43,9 +43,9 @@ from bench.peers import (
     Knobs,
     Load,
     Running,
+    arrivals_for,
     poisson_arrivals_s,
     summarize,
-    trace_arrivals_s,
 )
 from bench.peers_busy import busy_shares
 from client.frames import jpeg, video_frames
@@ -63,19 +63,11 @@ def worktree(rev: str, into: Path) -> Path:
     return into
 
 
-def arrivals_s(args: argparse.Namespace, pair: int) -> np.ndarray:
-    """The pair's arrivals, in seconds from the start of a run."""
-    if args.arrivals == "poisson":
-        return poisson_arrivals_s(
-            args.rate, args.seconds, np.random.default_rng(args.seed + 1 + pair)
-        )
+async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[str, Any]]]:
     from traces.arrivals import load_timestamps
 
-    return trace_arrivals_s(load_timestamps(AZURE_TRACE), args.rate, args.requests)
-
-
-async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[str, Any]]]:
     frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
+    trace = load_timestamps(AZURE_TRACE) if args.arrivals == "azure" else np.empty(0)
     logs = Path(args.logdir)
     roots = {"this checkout": ROOT, args.against: other}  # a git revision has no spaces
     runs = {n: Running("layerbatch", args.model, Knobs(), args.deadline_ms, logs, root=r)
@@ -91,7 +83,9 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
             print(f"{name}: ready in {runs[name].ready_s:.0f} s", file=sys.stderr, flush=True)
         for i in range(args.pairs):
             order = list(runs) if i % 2 == 0 else list(runs)[::-1]
-            arrivals = arrivals_s(args, i)
+            arrivals = arrivals_for(
+                args.arrivals, args.rate, args.seconds, args.seed + 1 + i, trace, args.requests
+            )
             duration_s = float(arrivals[-1]) if args.arrivals == "azure" else args.seconds
             for name in order:
                 for other_name, run in runs.items():
