@@ -8,9 +8,9 @@ stops (SIGSTOP) the one not being measured, and alternates them over `--pairs` p
 `--seconds` of Poisson arrivals (the same arrivals for both within a pair, the first of each pair
 alternating), as `bench/peers.py` sends them; with `--arrivals azure`, every run sends the Azure
 code trace's first `--requests` arrivals rescaled to the rate, as `bench/peers.py --arrivals
-azure` does. It prints each run's on-time ratio, drops,
-timeouts and where the server's time went (`bench/peers_busy.py`: steps, decodes, hand-offs,
-planning), then both sides' means and their difference.
+azure` does. It prints each run's on-time ratio, drops, timeouts and where the server's time
+went (`bench/peers_busy.py`: steps, decodes, hand-offs, planning), then both sides' means and
+their difference.
 
 `--against HEAD` measures the harness itself (an A/A run): the same code on both sides. On a
 2-core machine, mobilenet_v2 at 300 ms and 125 req/s, single pairs differed by up to 0.05 and
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,10 @@ from bench.peers_busy import busy_shares
 from client.frames import jpeg, video_frames
 
 
-def worktree(rev: str, into: Path) -> Path:
-    """`rev` checked out (detached) at `into`; raises with git's own message if it cannot be."""
+@contextmanager
+def worktree(rev: str, into: Path) -> Iterator[Path]:
+    """`rev` checked out (detached) at `into` while the block runs, removed after; raises with
+    git's own message if it cannot be checked out."""
     done = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(into), rev],
         capture_output=True,
@@ -60,7 +64,10 @@ def worktree(rev: str, into: Path) -> Path:
     )
     if done.returncode != 0:
         raise SystemExit(f"--against: git could not check out {rev!r}: {done.stderr.strip()}")
-    return into
+    try:
+        yield into
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(into)])
 
 
 async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[str, Any]]]:
@@ -88,8 +95,8 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
             )
             duration_s = float(arrivals[-1]) if args.arrivals == "azure" else args.seconds
             for name in order:
-                for other_name, run in runs.items():
-                    run.pause(other_name != name)
+                for n, run in runs.items():
+                    run.pause(n != name)
                 await asyncio.sleep(2.0)
                 load = loads[name]
                 before, t0 = await load.busy(), time.monotonic()
@@ -134,12 +141,11 @@ def main() -> None:
         value = getattr(args, flag[2:])
         if not value > 0:
             raise SystemExit(f"{flag}: expected a positive number, got {value:g}")
-    with tempfile.TemporaryDirectory(prefix="layerbatch-ab-") as tmp:
-        other = worktree(args.against, Path(tmp) / "checkout")
-        try:
-            out = asyncio.run(measure(args, other))
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)])
+    with (
+        tempfile.TemporaryDirectory(prefix="layerbatch-ab-") as tmp,
+        worktree(args.against, Path(tmp) / "checkout") as other,
+    ):
+        out = asyncio.run(measure(args, other))
     means = {n: float(np.mean([r["on_time_ratio"] for r in rows])) for n, rows in out.items()}
     (this, that) = means
     runs = f"{args.seconds:g} s" if args.arrivals == "poisson" else f"{args.requests} arrivals"

@@ -17,20 +17,18 @@ def test_the_other_side_is_the_revision_checked_out_apart(tmp_path: Path) -> Non
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    other = worktree("HEAD", tmp_path / "checkout")
-    try:
+    with worktree("HEAD", tmp_path / "checkout") as other:
         assert (other / "layerbatch.py").is_file() and (other / "server" / "runtime.py").is_file()
         at = subprocess.run(
             ["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True
         )
         assert at.stdout.strip() == head
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)])
 
 
 def test_a_revision_git_does_not_know_is_refused_with_gits_reason(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"--against: git could not check out 'no-such-rev'"):
-        worktree("no-such-rev", tmp_path / "checkout")
+    refused = pytest.raises(SystemExit, match=r"--against: git could not check out 'no-such-rev'")
+    with refused, worktree("no-such-rev", tmp_path / "checkout"):
+        pass
     assert not (tmp_path / "checkout" / "layerbatch.py").exists()
 
 
