@@ -1418,22 +1418,22 @@ def pool_interleaved(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) ->
     }
 
 
+def load_interleaved(path: Path) -> dict[str, Any]:
+    """A saved --interleave document. Raises ValueError naming `path` when it cannot be read or
+    is not one."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: expected an --interleave JSON file ({exc})") from None
+    if not isinstance(doc, dict) or "runs" not in doc or "mean_on_time" not in doc:
+        raise ValueError(f"{path}: expected an --interleave JSON file (no runs by rate)")
+    return doc
+
+
 def report_main(paths: Sequence[Path], png: Path, seed: int) -> None:
     """`--report`: the runs in `paths` pooled, reported as after an --interleave run."""
-    docs = []
-    for path in paths:
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SystemExit(
-                f"--report: {path}: expected an --interleave JSON file ({exc})"
-            ) from None
-        if not isinstance(doc, dict) or "runs" not in doc or "mean_on_time" not in doc:
-            raise SystemExit(
-                f"--report: {path}: expected an --interleave JSON file (no runs by rate)"
-            )
-        docs.append(doc)
     try:
+        docs = [load_interleaved(path) for path in paths]
         doc = pool_interleaved(docs, [str(p) for p in paths])
     except ValueError as exc:
         raise SystemExit(f"--report: {exc}") from None

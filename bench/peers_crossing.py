@@ -56,6 +56,12 @@ def edge_crossing(on_time: Mapping[float, float]) -> tuple[float, str]:
     return capacity, "above" if capacity >= rates[-1] else ""
 
 
+def best_server(at: Mapping[str, tuple[float, str]]) -> str:
+    """The server with the highest crossing in `at` (as `edge_crossing` gives them), a measured
+    crossing winning a tie with an edge."""
+    return max(at, key=lambda s: (at[s][0], at[s][1] == ""))
+
+
 @dataclass(frozen=True)
 class RatioInterval:
     """layerbatch's crossing over the best peer's: from the rounds' means, and the central
@@ -93,7 +99,7 @@ def ratio_interval(
 
     def ratio(means: Mapping[str, Mapping[float, float]]) -> tuple[float, str]:
         at = {s: edge_crossing(means[s]) for s in rounds}
-        best = max(peers, key=lambda p: (at[p][0], at[p][1] == ""))  # a measured one wins a tie
+        best = best_server({p: at[p] for p in peers})
         sides = {
             {"above": "at least", "below": "at most"}.get(at[ours][1], ""),
             {"below": "at least", "above": "at most"}.get(at[best][1], ""),

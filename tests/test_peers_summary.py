@@ -1,0 +1,144 @@
+"""bench/peers_summary.py: the README's peers table from the runs behind each cell."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peers import ROOT, mean_on_time
+from bench.peers_summary import CELLS, load_cells, main, table
+
+
+def run_doc(
+    rounds: Mapping[str, Mapping[float, Sequence[float]]],
+    model: str = "resnet18",
+    arrival: str = "poisson",
+    rps: float = 40.0,
+    date: str = "2026-11-25",
+) -> dict[str, Any]:
+    """An --interleave document with these on-time ratios per server, rate and round."""
+    runs = {
+        s: {f"{r:g}": [{"on_time_ratio": v} for v in vs] for r, vs in per.items()}
+        for s, per in rounds.items()
+    }
+    return {
+        "date": date,
+        "model": model,
+        "deadline_ms": 300,
+        "arrival": arrival,
+        "rounds": 2,
+        "knobs": {s: "default" if s == "layerbatch" else "B=8,5ms" for s in rounds},
+        "runs": runs,
+        "mean_on_time": mean_on_time(runs),
+        "compute_bound": {"rps": rps, "batched_rps": 56.0},
+    }
+
+
+def write_cells(
+    tmp_path: Path, cells: Sequence[Mapping[str, Any]], docs: Mapping[str, Any]
+) -> Path:
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    path = tmp_path / "cells.json"
+    path.write_text(json.dumps({"cells": list(cells)}))
+    return path
+
+
+# layerbatch crosses 0.9 at 15 req/s in every case below
+OURS = {10.0: [1.0, 1.0], 20.0: [0.8, 0.8]}
+
+
+def test_a_cell_meets_the_target_when_layerbatch_crosses_at_least_1_3x_the_best_peer(
+    tmp_path: Path,
+) -> None:
+    doc = run_doc({"layerbatch": OURS, "triton": {10.0: [0.95, 0.95], 20.0: [0.5, 0.5]},
+                   "torchserve": {10.0: [0.2, 0.2], 20.0: [0.1, 0.1]}})  # fmt: skip
+    path = write_cells(tmp_path, [{"runs": ["a.json"]}], {"a.json": doc})
+    (cell,) = load_cells(path, seed=1)
+    assert cell.best_peer == "triton"  # torchserve under 0.9 at once counts at 10, below 11.1
+    assert cell.interval.ratio == pytest.approx(15.0 / 11.1)
+    assert cell.status == "met"
+    row = table([cell]).splitlines()[2]
+    assert "| 15 | Triton (B=8,5ms) 11.1 | 1.35x (1.35-1.35x) | **met** | 0.38 |" in row
+
+
+def test_a_bound_decides_the_status_only_on_the_side_it_bounds(tmp_path: Path) -> None:
+    held = {10.0: [1.0, 1.0], 20.0: [0.95, 0.95]}  # never under 0.9: 20 or more
+    docs = {
+        # layerbatch held to 20, the peer crossed at 16.7: at least 1.20x, short of the target
+        "open.json": run_doc({"layerbatch": held, "triton": {10.0: [1.0, 1.0], 20.0: [0.85]}}),
+        # the peer held to 20, layerbatch crossed at 15: at most 0.75x
+        "short.json": run_doc({"layerbatch": OURS, "triton": held}),
+        # both held: no ratio
+        "level.json": run_doc({"layerbatch": held, "triton": held}, arrival="azure"),
+    }
+    cells_file = [{"runs": [n]} for n in docs]
+    opened, short, level = load_cells(write_cells(tmp_path, cells_file, docs), seed=1)
+    assert (opened.interval.bound, opened.status) == ("at least", "open")
+    assert (short.interval.bound, short.status) == ("at most", "not met")
+    assert level.status == "open"
+    rows = table([opened, short, level]).splitlines()
+    assert "| 20 or more |" in rows[2] and "| at least 1.20x" in rows[2]
+    assert "| at least 0.50 |" in rows[2]  # 20 or more over a compute bound of 40
+    assert "| at most 0.75x" in rows[3]
+    assert "| none: neither crossed within the rates | open | n/a (trace) |" in rows[4]
+
+
+def test_a_cells_runs_are_pooled_and_its_note_goes_under_the_table(tmp_path: Path) -> None:
+    peer = {10.0: [0.95], 20.0: [0.5]}
+    docs = {
+        "a.json": run_doc({"layerbatch": {10.0: [1.0], 20.0: [0.9]}, "triton": peer}, rps=40.0),
+        "b.json": run_doc({"layerbatch": {10.0: [1.0], 20.0: [0.7]}, "triton": peer}, rps=44.0),
+    }
+    path = write_cells(tmp_path, [{"runs": ["a.json", "b.json"], "note": "two runs."}], docs)
+    (cell,) = load_cells(path, seed=1)
+    assert cell.ours == (15.0, "")  # the rounds' mean at 20 is 0.8
+    assert cell.compute_bound_rps == (40.0, 44.0)
+    text = table([cell])
+    assert "| 40.0; 44.0 | 56.0; 56.0 |" in text and "**met** (1) |" in text
+    assert text.splitlines()[-1] == "1. resnet18, 300 ms, Poisson: two runs."
+
+
+@pytest.mark.parametrize(
+    ("cells_text", "files", "expected"),
+    [
+        ("not json", {}, "expected a JSON cells file"),
+        ('{"cells": []}', {}, "with one cell or more"),
+        ('{"cells": [{"runs": "a.json"}]}', {}, 'cell 0: expected "runs", a list'),
+        ('{"cells": [{"runs": ["missing.json"]}]}', {}, "missing.json: expected an --interleave"),
+        ('{"cells": [{"runs": ["a.json"]}]}', {"a.json": {"x": 1}}, "no runs by rate"),
+        ('{"cells": [{"runs": ["a.json"], "note": 3}]}', {"a.json": None}, '"note" to be text'),
+        (
+            '{"cells": [{"runs": ["a.json", "b.json"]}]}',
+            {"a.json": None, "b.json": {"model": "googlenet"}},
+            "measured googlenet at 300 ms",
+        ),
+    ],
+)
+def test_a_bad_cells_file_is_refused_with_what_was_expected(
+    tmp_path: Path, cells_text: str, files: Mapping[str, Any], expected: str
+) -> None:
+    good = run_doc({"layerbatch": OURS, "triton": OURS})
+    for name, content in files.items():
+        doc = good if content is None else ({**good, **content} if "model" in content else content)
+        (tmp_path / name).write_text(json.dumps(doc))
+    path = tmp_path / "cells.json"
+    path.write_text(cells_text)
+    with pytest.raises(ValueError, match=expected):
+        load_cells(path, seed=1)
+    with pytest.raises(SystemExit, match="peers_summary: .*" + expected):
+        main(["--cells", str(path), "--png", str(tmp_path / "x.png")])
+
+
+def test_the_readme_quotes_the_table_its_runs_give(tmp_path: Path) -> None:
+    cells = load_cells(CELLS, seed=1)
+    names = {(c.model, c.deadline_ms, c.arrival) for c in cells}
+    assert len(names) == len(cells) == 12  # 3 models x 2 deadlines x 2 arrival processes
+    assert table(cells) in (ROOT / "README.md").read_text()  # re-run peers_summary.py if not
+    png = tmp_path / "summary.png"
+    main(["--png", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
