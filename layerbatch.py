@@ -149,8 +149,17 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--threads",
         type=_positive_int,
-        default=max(1, (os.cpu_count() or 2) - 1),
-        help="torch intra-op threads (default: all cores but one, left to decode, parse and plan)",
+        default=None,
+        help="torch intra-op threads of each replica (default: all cores but one, left to "
+        "decode, parse and plan, shared among the replicas; at least 1 each)",
+    )
+    srv.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        help="runtimes on this machine, each its own executor thread, queue and plans, on the "
+        "same weights; a request joins the one with the least work left (default 1; on a "
+        "2-core CPU, --replicas 2 --threads 1 served more on time than one runtime on 2 threads)",
     )
     srv.add_argument(
         "--admin-token",
@@ -488,6 +497,14 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
         help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
     p.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        help="devices, each with its own queue and plans, a request joining the one with the "
+        "least work left, as `layerbatch serve --replicas` (each runs at the profile's speed: "
+        "give one measured with a replica's threads; default 1)",
+    )
+    p.add_argument(
         "--min-group-ms",
         type=_non_negative_float,
         default=0.0,
@@ -710,6 +727,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         w,
         timer=time.perf_counter if ns.time_plans else None,
         step_gap_ms=ns.step_gap_ms,
+        replicas=ns.replicas,
     )
     s = summarise(out)
     if ns.json:
@@ -761,6 +779,7 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
         ns.exact,
         None if trace is None else tuple(float(x) for x in trace),
         ns.step_gap_ms,
+        ns.replicas,
     )
     with tqdm(
         total=len(policies) * len(rates),
@@ -947,15 +966,22 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     apps = [a.strip() for a in ns.apps.split(",") if a.strip()] if ns.apps else list(DEFAULT_APPS)
     print(f"loading {', '.join(apps)} ...", file=sys.stderr)
+    threads = ns.threads or max(1, ((os.cpu_count() or 2) - 1) // ns.replicas)
     runtime = build_runtime(
         apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
-        ns.threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
+        threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
         step_log=Path(ns.step_log) if ns.step_log else None, min_group_ms=ns.min_group_ms,
+        replicas=ns.replicas,
     )  # fmt: skip
     yield_to_torch()  # this thread runs the event loop; the models run on the runtime's thread
     config = ServerConfig(admin_token=ns.admin_token, default_deadline_ms=ns.deadline_ms)
+    on = (
+        f"{ns.replicas} replicas of {threads} torch threads"
+        if ns.replicas > 1
+        else f"{threads} torch threads"
+    )
     print(
-        f"layerbatch serving {', '.join(apps)} with {ns.policy} on http://{ns.host}:{ns.port}",
+        f"layerbatch serving {', '.join(apps)} with {ns.policy} ({on}) on http://{ns.host}:{ns.port}",
         file=sys.stderr,
     )
     web.run_app(

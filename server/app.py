@@ -16,14 +16,14 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from scheduler.policies import POLICIES
-from server.config import CONFIG, RUNTIME, ServerConfig
+from server.config import CONFIG, RUNTIME, Served, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
-from server.runtime import Overloaded, Runtime
+from server.runtime import Overloaded
 from server.wire import decode_body, encode_body, is_json, parse_infer
 
 
-def make_app(runtime: Runtime, config: ServerConfig | None = None) -> web.Application:
+def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Application:
     cfg = config or ServerConfig()
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_errors])
     app[RUNTIME] = runtime
@@ -217,5 +217,5 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    ready = runtime.accepting and runtime._task is not None and not runtime._task.done()
+    ready = runtime.ready
     return web.json_response({"ready": ready}, status=200 if ready else 503, dumps=json.dumps)

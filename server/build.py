@@ -24,7 +24,9 @@ from scheduler.deployment import (
 from scheduler.errors import InputError
 from scheduler.profile import Profile, dumps_profile, load_profile
 from scheduler.types import App
-from server.runtime import Runtime
+from server.metrics import Metrics
+from server.replicas import Replicas
+from server.runtime import Runtime, spare_cores
 from server.step_log import StepLog
 
 DEFAULT_APPS = ("resnet18", "mobilenet_v2", "googlenet", "resnet20_cifar10", "ultraface_slim320")
@@ -75,14 +77,19 @@ def build_runtime(
     decode_threads: int | None = None,
     step_log: Path | None = None,
     min_group_ms: float = DEFAULT_MIN_GROUP_MS,
-) -> Runtime:
+    replicas: int = 1,
+) -> Runtime | Replicas:
     """A runtime serving each named model as an app of its own name (batch norms folded into
     the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
     activation memory stays in the process from here on (`layerexec.allocator`). The models are
     loaded, profiled if need be and warmed up on the runtime's executor thread, and the calling
     thread runs no torch op (`layerexec.torch_thread`). With `step_log`, every step is written
     there (`server.step_log`). Each model is cut into at most `groups` layer groups, fewer where
-    its groups would take less than `min_group_ms` each at batch 1 (`groups_by_duration`)."""
+    its groups would take less than `min_group_ms` each at batch 1 (`groups_by_duration`).
+    With `replicas` > 1, that many runtimes behind one `Replicas` (`server.replicas`), each on
+    an executor thread of its own with `threads` torch threads, the weights loaded once; each
+    decodes on a thread of its own when its torch runs on one thread (a decode beside it costs
+    just its own time) or when cores are left over, else on its executor thread."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -91,29 +98,41 @@ def build_runtime(
         raise InputError(
             "--apps", "", f"a comma list of {', '.join(sorted(zoo.MODELS))}", ",".join(unknown)
         )
+    if replicas < 1:
+        raise InputError("--replicas", "", "a positive number of replicas", replicas)
+    if replicas > 1 and decode_threads is None:
+        per = torch.get_num_threads()
+        decode_threads = spare_cores(replicas * per) or (1 if per == 1 else 0)
     log = None if step_log is None else StepLog(step_log)  # a bad path fails before loading
-    thread = TorchThread()
+    pool = [TorchThread(f"layerbatch-exec{i or ''}") for i in range(replicas)]
+    metrics = Metrics()
+    memory = None if memory_mb is None else memory_mb * 2**20
 
-    def build() -> Runtime:  # on `thread`
+    def load() -> tuple[dict[str, zoo.StagedModel], Deployment]:  # on the first thread
         models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
         profiles = [_profile(m, profiles_dir, progress, memory_mb) for m in models.values()]
         per_model = groups_by_duration(profiles, groups, min_group_ms)
-        deployment = Deployment(profiles, [App(m, (m,)) for m in models], groups=per_model)
-        memory = None if memory_mb is None else memory_mb * 2**20
+        return models, Deployment(profiles, [App(m, (m,)) for m in models], groups=per_model)
+
+    def build(i: int, models: dict[str, zoo.StagedModel], deployment: Deployment) -> Runtime:
         runtime = Runtime(
             deployment, models, policy, max_queued=max_queued, memory_bytes=memory,
-            decode_threads=decode_threads, torch_thread=thread, step_log=log,
+            decode_threads=decode_threads, torch_thread=pool[i], step_log=log, metrics=metrics,
+            replica=i if replicas > 1 else None,
         )  # fmt: skip
         warm_up(runtime)
         return runtime
 
     try:
-        return thread.call(build)
+        models, deployment = pool[0].call(load)
+        runtimes = [t.call(build, i, models, deployment) for i, t in enumerate(pool)]
     except BaseException:
-        thread.close()
+        for t in pool:
+            t.close()
         if log is not None:
             log.close()
         raise
+    return runtimes[0] if replicas == 1 else Replicas(runtimes, max_queued)
 
 
 def _profile(

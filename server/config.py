@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from server.replicas import Replicas
 from server.runtime import Runtime
+
+Served = Runtime | Replicas  # what the app serves: one runtime, or several (`server.replicas`)
 
 
 @dataclass(frozen=True)
@@ -19,5 +22,5 @@ class ServerConfig:
     max_body_bytes: int = 16 * 2**20
 
 
-RUNTIME = web.AppKey("runtime", Runtime)
+RUNTIME: web.AppKey[Served] = web.AppKey("runtime")
 CONFIG = web.AppKey("config", ServerConfig)

@@ -19,10 +19,9 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from server.config import RUNTIME
+from server.config import RUNTIME, Served
 from server.errors import BadRequest
 from server.results import describe
-from server.runtime import Runtime
 from server.wire import MAX_DEADLINE_MS, InferRequest
 
 
@@ -35,7 +34,7 @@ def add_kserve_routes(app: web.Application) -> None:
     app.router.add_post("/v2/models/{app}/infer", model_infer)
 
 
-def _runtime(request: web.Request) -> Runtime:
+def _runtime(request: web.Request) -> Served:
     return request.app[RUNTIME]
 
 

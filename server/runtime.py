@@ -124,10 +124,14 @@ class Runtime:
         decode_threads: int | None = None,
         torch_thread: TorchThread | None = None,
         step_log: StepLog | None = None,
+        metrics: Metrics | None = None,
+        replica: int | None = None,
     ) -> None:
         """`torch_thread`: the thread the models were loaded on, to run the steps on (and this
         constructor on, as it moves the weights: `layerexec.torch_thread`); a new one if None.
-        `step_log`: where every step it runs is written (`server.step_log`); closed by `stop`."""
+        `step_log`: where every step it runs is written (`server.step_log`); closed by `stop`.
+        `metrics` and `replica`: the counters it shares with the other replicas of a server, and
+        which of them it is (`server.replicas`; the step log says so on every line)."""
         self.deployment = deployment
         self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
@@ -149,7 +153,8 @@ class Runtime:
         self.clock = clock
         self.max_queued = max_queued
         self.estimate_ttl_ms = estimate_ttl_ms
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
+        self.replica = replica
         self.pending: dict[str, Pending] = {}
         self.accepting = True
         self.failure: str | None = None  # why the runner stopped, if it did (see _fail)
@@ -216,6 +221,11 @@ class Runtime:
         self.executor.close()
         if self.step_log is not None:
             self.step_log.close()
+
+    @property
+    def ready(self) -> bool:
+        """Accepting requests, its runner running."""
+        return self.accepting and self._task is not None and not self._task.done()
 
     # --- what apps there are ---------------------------------------------------------------
     def app_lengths(self) -> dict[str, int]:
@@ -590,7 +600,7 @@ class Runtime:
         if self.step_log is not None:
             self.step_log.write(
                 lane, started_ms - self.started_ms, action.model, action.stages[0], done, batch,
-                took_ms, progress.cancelled,
+                took_ms, progress.cancelled, self.replica,
             )  # fmt: skip
         if batch:
             self.metrics.ran(action.model, range(action.stages[0], action.stages[0] + done), batch)

@@ -9,7 +9,9 @@ A line reads, for example,
 executor thread) or "stacked" (the second lane, `Plan.beside`); `stages` is how many stages
 it ran from `first_stage` (fewer than planned when it was cancelled at a stage boundary, none
 when before its first); `batch` is how many requests ran; `ms` is its own time, read on the
-thread that ran it, as `/metrics` counts it (`layerbatch_busy_ms_total`). Lines are written as
+thread that ran it, as `/metrics` counts it (`layerbatch_busy_ms_total`). A server of several
+replicas (`--replicas`) writes them all to one log, each line with its `replica` (0, 1, ...);
+`t_ms` counts from when that replica started. Lines are written as
 steps are settled, one write each, so a server that is killed loses none that it had settled.
 
 `bench/step_replay.py` replays such a log on an otherwise idle machine, to tell what the steps
@@ -47,11 +49,14 @@ class StepLog:
         batch: int,
         took_ms: float,
         cancelled: bool,
+        replica: int | None = None,
     ) -> None:
-        line = {
+        line: dict[str, object] = {
             "t_ms": round(t_ms, 3), "lane": lane, "model": model, "first_stage": first_stage,
             "stages": stages, "batch": batch, "ms": round(took_ms, 4), "cancelled": cancelled,
         }  # fmt: skip
+        if replica is not None:
+            line["replica"] = replica
         self._file.write(json.dumps(line) + "\n")
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ class Setup:
     exact: bool
     trace_s: tuple[float, ...] | None = None
     step_gap_ms: float = 0.0  # the device's idle time after every step (`simulate`)
+    replicas: int = 1  # devices, each with its own queue and plans (`simulate`)
 
     def deployment(self) -> Deployment:
         return Deployment(self.profiles, self.apps, self.max_batch, self.groups)
@@ -82,7 +83,8 @@ def run_one(args: tuple[Setup, str, float]) -> dict[str, Any]:
         d, rate, setup.requests, setup.arrival, dict(setup.mix), setup.deadline_ms, rng, trace
     )
     scheduler = make_policy(policy, exact=setup.exact)
-    return summarise(simulate(d, scheduler, w, step_gap_ms=setup.step_gap_ms))
+    out = simulate(d, scheduler, w, step_gap_ms=setup.step_gap_ms, replicas=setup.replicas)
+    return summarise(out)
 
 
 def sweep(

@@ -36,7 +36,7 @@ def summarise(out: Outcome) -> dict[str, Any]:
         "in_steps_ms_mean": _mean(out.in_steps_ms, out.latency_ms),
         "mean_batch": _r(float(np.mean(sizes))) if sizes else None,
         "mean_batch_per_stage": per_stage,
-        "utilisation": _r(out.busy_ms / out.end_ms) if out.end_ms > 0 else None,
+        "utilisation": _r(out.busy_ms / out.replicas / out.end_ms) if out.end_ms > 0 else None,
         "plan_us_p50": _pct(np.array(out.plan_us), 50),
         "plan_us_p99": _pct(np.array(out.plan_us), 99),
     }

@@ -11,8 +11,11 @@ at its exit check (`scheduler.engine`). A plan may put an action on a second lan
 running step (stacking); while both lanes run, each is slowed by its profiled stacking slowdown
 (`sim.lanes`). With `step_gap_ms` the device starts no step sooner than that after the last one
 ended: a server's hand-off between steps (its /v1/status `step_gap_ms`), which a request pays at
-every step it waits through. Nothing here reads a clock except the optional `timer` used to
-measure planning time, which never changes what is simulated.
+every step it waits through. With `replicas` > 1 there are that many such devices, each with its
+own engine over the same deployment and policy, as `layerbatch serve --replicas` runs them: an
+arriving request joins one (`scheduler.dispatch`, the least work left, its work counted until it
+finishes or is dropped) and stays there. Nothing here reads a clock except the optional `timer`
+used to measure planning time, which never changes what is simulated.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.deployment import Deployment
+from scheduler.dispatch import choose_replica
 from scheduler.engine import Dropped, Engine
 from scheduler.types import Request, Scheduler, Step
 from sim.lanes import Lane, slowdown
@@ -43,10 +47,11 @@ class Outcome:
     on_time: set[str] = field(default_factory=set)
     dropped: dict[str, str] = field(default_factory=dict)  # id -> reason
     batches: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(list))
-    busy_ms: float = 0.0
+    busy_ms: float = 0.0  # summed over the replicas
     end_ms: float = 0.0
     plan_us: list[float] = field(default_factory=list)
     log: list[tuple[float, str, str]] | None = None
+    replicas: int = 1
 
 
 def simulate(
@@ -56,185 +61,252 @@ def simulate(
     timer: Callable[[], float] | None = None,
     keep_log: bool = False,
     step_gap_ms: float = 0.0,
+    replicas: int = 1,
 ) -> Outcome:
-    """Run `workload` through `policy` on one simulated device; see the module docstring."""
-    engine = Engine(deployment, policy, timer)
-    out = Outcome(policy.name, workload, log=[] if keep_log else None)
-    deadline: dict[str, float] = {}
-    arrival: dict[str, float] = {}
-    heap: list[tuple[float, int, int, object]] = []
-    seq = 0
+    """Run `workload` through `policy` on `replicas` simulated devices; see the module
+    docstring."""
+    if replicas < 1:
+        raise ValueError(f"replicas: expected at least 1, got {replicas}")
+    run = _Run(deployment, workload, keep_log, step_gap_ms, policy.name, replicas)
+    devices = [_Device(i, Engine(deployment, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):
         rid = f"q{i}"
-        heap.append((t, ARRIVAL, seq, Request(rid, app, 0, t, t + workload.deadline_ms)))
-        seq += 1
-    heapq.heapify(heap)
-    wake_at: float | None = None
-    free_at = float("-inf")  # the device starts no step before this (step_gap_ms after the last)
-    token = 0  # identifies the live STEP_DONE event; a cancelled step's old one goes stale
-    side_token = 0  # the same for BESIDE_DONE
-    main: Lane | None = None
-    side: Lane | None = None
-    cut: int | None = None  # stages the main step stops after, when it was preempted
-
-    def note(t: float, kind: str, detail: str) -> None:
-        if out.log is not None:
-            out.log.append((round(t, 6), kind, detail))
-
-    def record_drops(drops: list[Dropped]) -> None:
-        for d in drops:
-            out.dropped[d.request.id] = d.reason
-            note(d.at_ms, "drop", d.request.id)
-
-    def push(t: float, kind: int, payload: object) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, kind, seq, payload))
-        seq += 1
-
-    def retime(now: float) -> None:
-        """The set of running models changed: new stage end times, new done events."""
-        nonlocal token, side_token
-        if main is not None:
-            before = main.end_ms
-            main.retime(now, slowdown(deployment, main.model, side.model if side else None))
-            if main.end_ms != before and cut is None:
-                token += 1
-                push(main.end_ms, STEP_DONE, (token, len(main.ends_ms)))
-            elif cut is not None:
-                token += 1
-                push(main.ends_ms[cut - 1] if cut else now, STEP_DONE, (token, cut))
-        if side is not None:
-            before = side.end_ms
-            side.retime(now, slowdown(deployment, side.model, main.model if main else None))
-            if side.end_ms != before:
-                side_token += 1
-                push(side.end_ms, BESIDE_DONE, (side_token, len(side.ends_ms)))
-
-    def try_start(now: float) -> None:
-        nonlocal wake_at, token, main, cut
-        if now < free_at:
-            return  # a wake-up at free_at starts it
-        step, wake, drops = engine.next_step(now)
-        record_drops(drops)
-        if step is not None:
-            a = step.action
-            note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
-            main, cut = Lane.start(step), None
-            started(step)
-            token += 1
-            push(step.end_ms, STEP_DONE, (token, len(step.stage_end_ms)))
-            retime(now)
-        elif wake is not None and wake != wake_at:
-            wake_at = wake
-            push(wake, WAKE, None)
-        try_beside(now)
-
-    def try_beside(now: float) -> None:
-        nonlocal side, side_token
-        step = engine.next_beside(now)
-        if step is None:
-            return
-        a = step.action
-        note(now, "stack", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
-        side = Lane.start(step)
-        started(step)
-        side_token += 1
-        push(step.end_ms, BESIDE_DONE, (side_token, len(step.stage_end_ms)))
-        retime(now)
-
-    def preempt(now: float) -> None:
-        """The newest plan no longer starts with the running step: it stops at the next stage
-        boundary (the stage running now finishes)."""
-        nonlocal token, cut
-        assert main is not None
-        done = main.stages_done_by(now)
-        end = main.ends_ms[done - 1] if done else now
-        if end < main.end_ms:
-            cut = done
-            token += 1
-            push(end, STEP_DONE, (token, done))
-            note(now, "cut", f"{main.model} after {done} of {len(main.ends_ms)}")
-
-    def started(step: Step) -> None:
-        for rid in step.action.request_ids:
-            out.queue_ms.setdefault(rid, step.start_ms - arrival[rid])
-
-    def ran(lane: Lane, now: float) -> None:
-        for rid in lane.step.action.request_ids:
-            out.in_steps_ms[rid] += now - lane.step.start_ms
-
-    def finished(now: float, requests: list[Request]) -> None:
-        for r in requests:
-            out.latency_ms[r.id] = now - arrival[r.id]
-            if now <= deadline[r.id]:
-                out.on_time.add(r.id)
-            note(now, "done", r.id)
-
+        run.heap.append((t, ARRIVAL, run.seq, Request(rid, app, 0, t, t + workload.deadline_ms)))
+        run.seq += 1
+    heapq.heapify(run.heap)
+    heap = run.heap
     while heap:
         now, kind, _, payload = heapq.heappop(heap)
-        if kind == STEP_DONE:
-            assert isinstance(payload, tuple)
-            live, done = payload
-            if live != token:
-                continue  # the step was cancelled or re-timed and ends at another time
-            out.end_ms = now
-            assert main is not None
-            a = main.step.action
-            out.busy_ms += now - main.step.start_ms
-            ran(main, now)
-            for k in range(a.stages[0], a.stages[0] + done):
-                out.batches[(a.model, k)].append(a.batch_size)
-            main = None
-            finished(now, engine.finish(done))
-            retime(now)
-            if step_gap_ms > 0:
-                free_at = now + step_gap_ms
-                push(free_at, WAKE, None)
-            try_start(now)
-        elif kind == BESIDE_DONE:
-            assert isinstance(payload, tuple)
-            live, done = payload
-            if live != side_token:
-                continue
-            out.end_ms = now
-            assert side is not None
-            a = side.step.action
-            ran(side, now)
-            for k in range(a.stages[0], a.stages[0] + done):
-                out.batches[(a.model, k)].append(a.batch_size)
-            side = None
-            finished(now, engine.finish_beside(done))
-            retime(now)
-            if engine.running is None:
-                try_start(now)
-            else:
-                record_drops(engine.replan(now))
-                if engine.wants_preemption():
-                    preempt(now)
-                try_beside(now)
-        elif kind == ARRIVAL:
-            out.end_ms = now
+        if kind == ARRIVAL:
+            run.out.end_ms = now
             assert isinstance(payload, Request)
-            batch = [payload]  # arrivals at the same time are admitted together, one plan
+            batch = [payload]  # arrivals at the same time are admitted together, one plan each
             while heap and heap[0][0] == now and heap[0][1] == ARRIVAL:
                 nxt = heapq.heappop(heap)[3]
                 assert isinstance(nxt, Request)
                 batch.append(nxt)
+            joined: dict[int, list[Request]] = {}
             for r in batch:
-                arrival[r.id] = r.arrival_ms
-                deadline[r.id] = r.deadline_ms
-                note(now, "arrive", r.id)
-                engine.add(r)
-            record_drops(engine.replan(now))
-            if engine.running is None:
-                try_start(now)
+                i = choose_replica(run.work_ms) if replicas > 1 else 0
+                run.hold(r, i)
+                joined.setdefault(i, []).append(r)
+            for i, rs in sorted(joined.items()):
+                devices[i].arrive(now, rs)
+        else:
+            assert isinstance(payload, tuple)
+            i, event = payload
+            devices[i].handle(now, kind, event)
+    run.out.plan_us = [us for d in devices for us in d.engine.plan_us]
+    return run.out
+
+
+class _Run:
+    """What the devices of one run share: the event heap, the outcome, the requests' times and
+    the work each replica holds (`scheduler.dispatch`)."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        workload: Workload,
+        keep_log: bool,
+        step_gap_ms: float,
+        policy: str,
+        replicas: int,
+    ) -> None:
+        self.deployment = deployment
+        self.step_gap_ms = step_gap_ms
+        self.out = Outcome(policy, workload, log=[] if keep_log else None, replicas=replicas)
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.deadline: dict[str, float] = {}
+        self.arrival: dict[str, float] = {}
+        self.work_ms = [0.0] * replicas
+        self.held: dict[str, tuple[int, float]] = {}  # request -> (replica, its work)
+
+    def push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self.heap, (t, kind, self.seq, payload))
+        self.seq += 1
+
+    def note(self, t: float, kind: str, detail: str) -> None:
+        if self.out.log is not None:
+            self.out.log.append((round(t, 6), kind, detail))
+
+    def hold(self, r: Request, replica: int) -> None:
+        self.arrival[r.id] = r.arrival_ms
+        self.deadline[r.id] = r.deadline_ms
+        work = self.deployment.solo_ms(r.app, r.position)
+        self.held[r.id] = (replica, work)
+        self.work_ms[replica] += work
+
+    def release(self, rid: str) -> None:
+        replica, work = self.held.pop(rid)
+        self.work_ms[replica] -= work
+
+
+class _Device:
+    """One device (replica): its engine, the step it runs (`main`) and the action stacked beside
+    it (`side`)."""
+
+    def __init__(self, index: int, engine: Engine, run: _Run) -> None:
+        self.index = index
+        self.engine = engine
+        self.run = run
+        self.out = run.out
+        self.main: Lane | None = None
+        self.side: Lane | None = None
+        self.cut: int | None = None  # stages the main step stops after, when it was preempted
+        self.token = 0  # identifies the live STEP_DONE event; a cancelled step's old one goes stale
+        self.side_token = 0  # the same for BESIDE_DONE
+        self.wake_at: float | None = None
+        self.free_at = float("-inf")  # the device starts no step before this (step_gap_ms after)
+
+    def push(self, t: float, kind: int, event: object) -> None:
+        self.run.push(t, kind, (self.index, event))
+
+    def record_drops(self, drops: list[Dropped]) -> None:
+        for d in drops:
+            self.out.dropped[d.request.id] = d.reason
+            self.run.release(d.request.id)
+            self.run.note(d.at_ms, "drop", d.request.id)
+
+    def retime(self, now: float) -> None:
+        """The set of running models changed: new stage end times, new done events."""
+        d, main, side = self.run.deployment, self.main, self.side
+        if main is not None:
+            before = main.end_ms
+            main.retime(now, slowdown(d, main.model, side.model if side else None))
+            if main.end_ms != before and self.cut is None:
+                self.token += 1
+                self.push(main.end_ms, STEP_DONE, (self.token, len(main.ends_ms)))
+            elif self.cut is not None:
+                self.token += 1
+                end = main.ends_ms[self.cut - 1] if self.cut else now
+                self.push(end, STEP_DONE, (self.token, self.cut))
+        if side is not None:
+            before = side.end_ms
+            side.retime(now, slowdown(d, side.model, main.model if main else None))
+            if side.end_ms != before:
+                self.side_token += 1
+                self.push(side.end_ms, BESIDE_DONE, (self.side_token, len(side.ends_ms)))
+
+    def try_start(self, now: float) -> None:
+        if now < self.free_at:
+            return  # a wake-up at free_at starts it
+        step, wake, drops = self.engine.next_step(now)
+        self.record_drops(drops)
+        if step is not None:
+            a = step.action
+            self.run.note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
+            self.main, self.cut = Lane.start(step), None
+            self.started(step)
+            self.token += 1
+            self.push(step.end_ms, STEP_DONE, (self.token, len(step.stage_end_ms)))
+            self.retime(now)
+        elif wake is not None and wake != self.wake_at:
+            self.wake_at = wake
+            self.push(wake, WAKE, None)
+        self.try_beside(now)
+
+    def try_beside(self, now: float) -> None:
+        step = self.engine.next_beside(now)
+        if step is None:
+            return
+        a = step.action
+        self.run.note(now, "stack", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
+        self.side = Lane.start(step)
+        self.started(step)
+        self.side_token += 1
+        self.push(step.end_ms, BESIDE_DONE, (self.side_token, len(step.stage_end_ms)))
+        self.retime(now)
+
+    def preempt(self, now: float) -> None:
+        """The newest plan no longer starts with the running step: it stops at the next stage
+        boundary (the stage running now finishes)."""
+        main = self.main
+        assert main is not None
+        done = main.stages_done_by(now)
+        end = main.ends_ms[done - 1] if done else now
+        if end < main.end_ms:
+            self.cut = done
+            self.token += 1
+            self.push(end, STEP_DONE, (self.token, done))
+            self.run.note(now, "cut", f"{main.model} after {done} of {len(main.ends_ms)}")
+
+    def started(self, step: Step) -> None:
+        for rid in step.action.request_ids:
+            self.out.queue_ms.setdefault(rid, step.start_ms - self.run.arrival[rid])
+
+    def ran(self, lane: Lane, now: float) -> None:
+        a = lane.step.action
+        for rid in a.request_ids:
+            self.out.in_steps_ms[rid] += now - lane.step.start_ms
+
+    def finished(self, now: float, requests: list[Request]) -> None:
+        for r in requests:
+            self.out.latency_ms[r.id] = now - self.run.arrival[r.id]
+            if now <= self.run.deadline[r.id]:
+                self.out.on_time.add(r.id)
+            self.run.release(r.id)
+            self.run.note(now, "done", r.id)
+
+    def count(self, lane: Lane, done: int) -> None:
+        a = lane.step.action
+        for k in range(a.stages[0], a.stages[0] + done):
+            self.out.batches[(a.model, k)].append(a.batch_size)
+
+    def arrive(self, now: float, requests: list[Request]) -> None:
+        for r in requests:
+            self.run.note(now, "arrive", r.id)
+            self.engine.add(r)
+        self.record_drops(self.engine.replan(now))
+        if self.engine.running is None:
+            self.try_start(now)
+        else:
+            if self.engine.wants_preemption():
+                self.preempt(now)
+            self.try_beside(now)
+
+    def handle(self, now: float, kind: int, event: object) -> None:
+        """A STEP_DONE, BESIDE_DONE or WAKE event of this device."""
+        if kind == STEP_DONE:
+            assert isinstance(event, tuple)
+            live, done = event
+            if live != self.token:
+                return  # the step was cancelled or re-timed and ends at another time
+            self.out.end_ms = now
+            main = self.main
+            assert main is not None
+            self.out.busy_ms += now - main.step.start_ms
+            self.ran(main, now)
+            self.count(main, done)
+            self.main = None
+            self.finished(now, self.engine.finish(done))
+            self.retime(now)
+            if self.run.step_gap_ms > 0:
+                self.free_at = now + self.run.step_gap_ms
+                self.push(self.free_at, WAKE, None)
+            self.try_start(now)
+        elif kind == BESIDE_DONE:
+            assert isinstance(event, tuple)
+            live, done = event
+            if live != self.side_token:
+                return
+            self.out.end_ms = now
+            side = self.side
+            assert side is not None
+            self.ran(side, now)
+            self.count(side, done)
+            self.side = None
+            self.finished(now, self.engine.finish_beside(done))
+            self.retime(now)
+            if self.engine.running is None:
+                self.try_start(now)
             else:
-                if engine.wants_preemption():
-                    preempt(now)
-                try_beside(now)
-        elif engine.running is None:
-            out.end_ms = now
-            wake_at = None
-            try_start(now)
-    out.plan_us = engine.plan_us
-    return out
+                self.record_drops(self.engine.replan(now))
+                if self.engine.wants_preemption():
+                    self.preempt(now)
+                self.try_beside(now)
+        elif self.engine.running is None:
+            self.out.end_ms = now
+            self.wake_at = None
+            self.try_start(now)

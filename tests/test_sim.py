@@ -122,6 +122,47 @@ def test_exact_event_log_dp_time(tiny: Deployment) -> None:
     assert out.in_steps_ms == {"q0": 32.0, "q1": 32.0, "q2": 30.0}
 
 
+# nobatch on two replicas (`simulate(replicas=2)`), by hand: q0 joins replica 0 (both idle, the
+# lowest); at 5 replica 0 holds q0's 30 ms of work, so q1 joins replica 1 and starts at once;
+# each runs its two stages alone; at 100 both are idle again and q2 joins replica 0.
+REPLICAS_LOG = [
+    (0.0, "arrive", "q0"),
+    (0.0, "run", "m[0:1] x1"),
+    (5.0, "arrive", "q1"),
+    (5.0, "run", "m[0:1] x1"),
+    (10.0, "run", "m[1:2] x1"),
+    (15.0, "run", "m[1:2] x1"),
+    (30.0, "done", "q0"),
+    (35.0, "done", "q1"),
+    (100.0, "arrive", "q2"),
+    (100.0, "run", "m[0:1] x1"),
+    (110.0, "run", "m[1:2] x1"),
+    (130.0, "done", "q2"),
+]
+
+
+def test_replicas_each_run_their_own_requests_at_once(tiny: Deployment) -> None:
+    out = simulate(tiny, make_policy("nobatch"), THREE, keep_log=True, replicas=2)
+    assert out.log == REPLICAS_LOG
+    assert out.latency_ms == {"q0": 30.0, "q1": 30.0, "q2": 30.0}
+    assert out.queue_ms == {"q0": 0.0, "q1": 0.0, "q2": 0.0}
+    assert out.busy_ms == pytest.approx(90.0)  # summed over the replicas
+    assert summarise(out)["utilisation"] == pytest.approx(90.0 / 2 / 130.0, abs=1e-3)
+    # one replica is the plain simulator, event for event
+    one = simulate(tiny, make_policy("nobatch"), THREE, keep_log=True, replicas=1)
+    assert one.log == NOBATCH_LOG
+    with pytest.raises(ValueError, match="replicas: expected at least 1, got 0"):
+        simulate(tiny, make_policy("nobatch"), THREE, replicas=0)
+
+
+def test_replicas_account_for_every_request_under_overload(googlenet: Deployment) -> None:
+    out = _run(googlenet, "dp-tardy", 1000, 250, replicas=3)
+    assert set(out.latency_ms) | set(out.dropped) == {f"q{i}" for i in range(250)}
+    assert set(out.latency_ms).isdisjoint(out.dropped)
+    # three devices serve more on time than one at the same overload
+    assert len(out.on_time) > len(_run(googlenet, "dp-tardy", 1000, 250).on_time)
+
+
 def test_summary_of_the_hand_scenario(tiny: Deployment) -> None:
     s = summarise(simulate(tiny, make_policy("dp-time"), THREE))
     # latencies 42, 37, 30 -> sorted 30, 37, 42
@@ -217,9 +258,9 @@ def test_expired_request_is_dropped_not_run(tiny: Deployment) -> None:
 
 
 # --- simulated runs on a shipped GPU profile -------------------------------------------------------
-def _run(d: Deployment, policy: str, rate: float, n: int, seed: int = 1) -> Any:
+def _run(d: Deployment, policy: str, rate: float, n: int, seed: int = 1, replicas: int = 1) -> Any:
     w = make_workload(d, rate, n, "poisson", {GOOGLENET: 1.0}, 150.0, np.random.default_rng(seed))
-    return simulate(d, make_policy(policy), w)
+    return simulate(d, make_policy(policy), w, replicas=replicas)
 
 
 def test_same_seed_same_summary(googlenet: Deployment) -> None:
