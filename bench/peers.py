@@ -3,7 +3,10 @@ dynamic batcher), Ray Serve (`@serve.batch`) and TorchServe (its batching), meas
 on this machine.
 
 Every server serves one model at a time (resnet18, mobilenet_v2, googlenet; the torchvision
-definition under layerexec's seed, so the same weights) with 2 torch intra-op threads, decodes
+definition under layerexec's seed, so the same weights) with 2 torch threads in all, either one
+worker with 2 intra-op threads or two workers of one (TorchServe's workers, Triton's model
+instances, Ray Serve's replicas: a knob tuned with the batching knobs; layerbatch runs
+`--replicas 2 --threads 1`, `--layerbatch-replicas`, on every cell, untuned), decodes
 and resizes the same JPEG frames server-side with the same code (bench/peers_model.py calls
 layerexec's own `rgb_tensor` after the same `cv2.imdecode`), and runs the model channels-last
 under inference mode as layerbatch's executor does. One load generator (this file) sends the same
@@ -18,15 +21,16 @@ For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson;
 trace's first --min-requests arrivals rescaled to the rate), the capacity is the highest rate whose
 on-time ratio is >= 0.9, found by a search on the rate (grow/shrink by 1.5x from 0.8x the best
 capacity found so far, else from the compute bound, then bisection to a tolerance). Each peer's
-batching knobs are tuned over a stated grid (max batch x max delay; the best by capacity, then by
+knobs are tuned over a stated grid (workers x max batch x max delay; the best by capacity, then by
 on-time ratio at the rate above it), at each deadline under each arrival process, and its best
 there is the one reported; Triton also rejects a request that has queued longer than the deadline
 (its queue policy), and Ray Serve takes up to 256 requests at once per replica
 (`max_ongoing_requests`), both of which only help them. layerbatch runs its defaults: dp-tardy,
 batch norms folded into the convolutions at load (`layerbatch serve --no-fold-bn` turns it off;
 `--fold-peers` hands the peers the same folded model, to see how much of the difference that is),
-and, since torch's 2 threads take both cores, inputs decoded on its executor thread between steps
-(the peers decode inside their batch handlers, also in turn with the forward).
+and each replica decoding its inputs on a thread of its own (the peers decode inside their batch
+handlers, in turn with the forward). With `--layerbatch-replicas 1` it runs as one runtime whose 2
+torch threads take both cores, and decodes on its executor thread between steps.
 
 The compute bound is the highest rate a plain batch-1 decode + forward can sustain on 2 threads:
 1000 / (decode_ms + forward_ms), medians over the frames, the faster memory layout; it is measured
@@ -119,30 +123,41 @@ FULL_LOAD = {"duration_s": 20.0, "min_requests": 200, "seed": 1}  # a full run's
 
 @dataclass(frozen=True)
 class Knobs:
-    """A server's batching knobs: at most `max_batch` requests per batch, waiting at most
-    `delay_ms` for more (max_batch 0: the server has none to tune, i.e. layerbatch)."""
+    """A server's knobs: at most `max_batch` requests per batch, waiting at most `delay_ms` for
+    more (max_batch 0: the server has none to tune, i.e. layerbatch), on `workers` workers
+    (TorchServe's workers, Triton's model instances, Ray Serve's replicas, layerbatch's
+    `--replicas`) that split the THREADS torch threads between them."""
 
     max_batch: int = 0
     delay_ms: float = 0.0
+    workers: int = 1
+
+    @property
+    def threads(self) -> int:
+        """Torch threads per worker."""
+        return max(1, THREADS // self.workers)
 
     @property
     def label(self) -> str:
         if self.max_batch == 0:
-            return "default"
-        if self.max_batch == 1:
-            return "B=1"
-        return f"B={self.max_batch},{self.delay_ms:g}ms"
+            return "default" if self.workers == 1 else f"{self.workers} replicas"
+        base = "B=1" if self.max_batch == 1 else f"B={self.max_batch},{self.delay_ms:g}ms"
+        return base if self.workers == 1 else f"{base},{self.workers}w"
 
 
 UNTUNED = Knobs(8, 5.0)  # --interleave: a peer's knobs when no tuning run has any
 
 
-def tuning_grid(batches: Sequence[int], delays: Sequence[float]) -> list[Knobs]:
-    """Every (max batch, max delay); with a batch of 1 the delay means nothing, so once."""
+def tuning_grid(
+    batches: Sequence[int], delays: Sequence[float], workers: Sequence[int] = (1,)
+) -> list[Knobs]:
+    """Every (workers, max batch, max delay); with a batch of 1 the delay means nothing, so
+    once."""
     out: list[Knobs] = []
-    for b in batches:
-        for d in [delays[0]] if b == 1 else delays:
-            out.append(Knobs(int(b), float(d if b > 1 else 0.0)))
+    for w in workers:
+        for b in batches:
+            for d in [delays[0]] if b == 1 else delays:
+                out.append(Knobs(int(b), float(d if b > 1 else 0.0), int(w)))
     return list(dict.fromkeys(out))
 
 
@@ -472,19 +487,21 @@ def server_command(
     fold_peers: bool = False,
     step_log: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEERS_TORCH_THREADS": str(THREADS)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PEERS_TORCH_THREADS": str(knobs.threads)}
     env["PEERS_FOLD_BN"] = "1" if fold_peers else "0"
     here = ROOT / "bench"
     if server == "layerbatch":
         cmd = [str(MAIN_PY), "-m", "layerbatch", "serve", "--apps", model]
-        cmd += ["--threads", str(THREADS), "--port", str(port), "--policy", policy]
+        cmd += ["--threads", str(knobs.threads), "--port", str(port), "--policy", policy]
         cmd += ["--deadline-ms", f"{deadline_ms:g}"]
+        if knobs.workers > 1:
+            cmd += ["--replicas", str(knobs.workers)]
         if step_log is not None:
             cmd += ["--step-log", str(step_log)]
         return cmd, env
     py = sys.executable
     common = ["--model", model, "--port", str(port), "--max-batch", str(knobs.max_batch)]
-    common += ["--delay-ms", f"{knobs.delay_ms:g}"]
+    common += ["--delay-ms", f"{knobs.delay_ms:g}", "--workers", str(knobs.workers)]
     if server == "triton":
         libdir = str(sysconfig.get_config_var("LIBDIR"))
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -751,6 +768,7 @@ class Settings:
     interleave: list[float]
     rounds: int
     fold_peers: bool = False
+    layerbatch_replicas: int = 1
     pause_idle: bool = True
     report: list[Path] = field(default_factory=list)
     step_log: bool = False
@@ -866,7 +884,7 @@ class Bench:
         A peer is tuned under each arrival process it is measured under: knobs best for Poisson
         arrivals need not be best for the bursty trace (TorchServe's were not)."""
         st = self.st
-        grid = [Knobs()] if server == "layerbatch" else st.grid
+        grid = [Knobs(workers=st.layerbatch_replicas)] if server == "layerbatch" else st.grid
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
         # layerbatch takes it per request, the others ignore it: one start serves every deadline
         groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
@@ -1087,7 +1105,9 @@ async def profile_layerbatch(
     every thread, on-CPU stacks only; a second pass with idle stacks shows where threads wait)."""
     spy = Path(sys.executable).parent / "py-spy"
     out: dict[str, Any] = {"model": model, "rate_rps": rate, "deadline_ms": deadline}
-    run = Running("layerbatch", model, Knobs(), deadline, st.logdir, st.policy)
+    run = Running(
+        "layerbatch", model, Knobs(workers=st.layerbatch_replicas), deadline, st.logdir, st.policy
+    )
     load = Load(run, frames, deadline)
     try:
         await load.ready()
@@ -1132,13 +1152,16 @@ async def profile_layerbatch(
 
 
 def knobs_from_label(label: str) -> Knobs:
-    """The inverse of Knobs.label: "default", "B=1", "B=8,5ms"."""
+    """The inverse of Knobs.label: "default", "2 replicas", "B=1", "B=8,5ms", "B=8,5ms,2w"."""
     if label == "default":
         return Knobs()
-    if label == "B=1":
-        return Knobs(1, 0.0)
-    b, d = label.removeprefix("B=").split(",")
-    return Knobs(int(b), float(d.removesuffix("ms")))
+    if label.endswith(" replicas"):
+        return Knobs(workers=int(label.removesuffix(" replicas")))
+    parts = label.removeprefix("B=").split(",")
+    workers = int(parts.pop().removesuffix("w")) if parts[-1].endswith("w") else 1
+    if parts == ["1"]:
+        return Knobs(1, 0.0, workers)
+    return Knobs(int(parts[0]), float(parts[1].removesuffix("ms")), workers)
 
 
 async def interleaved(
@@ -1288,7 +1311,8 @@ def interleaved_main(
     sources: dict[str, str] = {}
     for s in st.servers:
         if s == "layerbatch":
-            knobs[s], sources[s] = Knobs(), "its defaults, never tuned"
+            knobs[s] = Knobs(workers=st.layerbatch_replicas)
+            sources[s] = f"its defaults on {knobs[s].label} (--layerbatch-replicas), never tuned"
         else:
             knobs[s], sources[s] = found.get(s, (UNTUNED, "no tuning run"))
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
@@ -1578,6 +1602,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     ap.add_argument("--arrivals", default="poisson,azure")
     ap.add_argument("--batches", help="max batch sizes tried for each peer")
     ap.add_argument("--delays", help="max batch delays (ms) tried for each peer")
+    ap.add_argument(
+        "--workers",
+        default="1,2",
+        help=f"worker counts tried for each peer, each worker with {THREADS} / workers torch "
+        "threads (default 1,2)",
+    )
+    ap.add_argument(
+        "--layerbatch-replicas",
+        type=int,
+        default=2,
+        help=f"layerbatch's --replicas, each with {THREADS} / replicas torch threads (default 2)",
+    )
     ap.add_argument("--duration", type=float, help="seconds per measured rate")
     ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
     ap.add_argument("--min-requests", type=int, help="at least this many requests per rate")
@@ -1630,7 +1666,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     grid = tuning_grid(
         [int(x) for x in (a.batches or ("4,8" if q else "1,4,8,16")).split(",")],
         [float(x) for x in (a.delays or ("5,20" if q else "1,5,20")).split(",")],
+        [int(x) for x in a.workers.split(",")],
     )
+    for w in [*(k.workers for k in grid), a.layerbatch_replicas]:
+        if not 1 <= w <= THREADS:
+            raise SystemExit(f"--workers, --layerbatch-replicas: expected 1 to {THREADS}, got {w}")
     if a.report:
         a.out = a.out or "out/peers-report.json"
     out = Path(a.out or f"bench/results/{'peers-quick' if q else 'peers'}.json")
@@ -1655,6 +1695,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         interleave=[float(x) for x in a.interleave.split(",")] if a.interleave else [],
         rounds=a.rounds,
         fold_peers=a.fold_peers,
+        layerbatch_replicas=a.layerbatch_replicas,
         pause_idle=a.pause_idle,
         report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
     )

@@ -1,6 +1,7 @@
 """Ray Serve serving one model for bench/peers.py, batching with `@serve.batch`.
 
-One replica (Ray started with 2 CPUs, no dashboard); `@serve.batch(max_batch_size=--max-batch,
+`--workers` replicas (Ray started with 2 CPUs, no dashboard; each replica with
+PEERS_TORCH_THREADS torch threads); `@serve.batch(max_batch_size=--max-batch,
 batch_wait_timeout_s=--delay-ms / 1000)`; `max_ongoing_requests` is set well above the batch size
 (Ray's default, 5, would cap every batch at 5 and queue the rest in the proxy). The batch runs on
 a worker thread (`asyncio.to_thread`) so the replica's loop keeps taking requests meanwhile; the
@@ -36,7 +37,7 @@ def main() -> None:
     from starlette.responses import JSONResponse
 
     @serve.deployment(
-        num_replicas=1,
+        num_replicas=args.workers,
         max_ongoing_requests=args.max_ongoing,
         ray_actor_options={"num_cpus": 1},
     )
@@ -58,7 +59,8 @@ def main() -> None:
 
     env = {
         "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-        "OMP_NUM_THREADS": "2",
+        "OMP_NUM_THREADS": os.environ.get("PEERS_TORCH_THREADS", "2"),
+        "PEERS_TORCH_THREADS": os.environ.get("PEERS_TORCH_THREADS", "2"),
     }
     ray.init(
         num_cpus=2,

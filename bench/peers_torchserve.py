@@ -1,9 +1,9 @@
 """TorchServe serving one model for bench/peers.py, with its server-side batching.
 
 Archives bench/peers_ts_handler.py as `{model}.mar` (torch-model-archiver) in a scratch model
-store, starts TorchServe in the foreground (one Python worker; token auth off, no config
-snapshots, the model API on) and registers the model with `batch_size=--max-batch` and
-`max_batch_delay=--delay-ms`. POST the JPEG as the body to
+store, starts TorchServe in the foreground (`--workers` Python workers, each with
+PEERS_TORCH_THREADS torch threads; token auth off, no config snapshots, the model API on) and
+registers the model with `batch_size=--max-batch` and `max_batch_delay=--delay-ms`. POST the JPEG as the body to
 `http://127.0.0.1:PORT/predictions/{model}`; the answer is JSON. Management API on PORT + 1.
 
     .venv-peers/bin/python bench/peers_torchserve.py --model resnet18 --port 8000 \
@@ -59,7 +59,7 @@ def main() -> None:
                 f"inference_address=http://127.0.0.1:{args.port}",
                 f"management_address=http://127.0.0.1:{mgmt}",
                 f"metrics_address=http://127.0.0.1:{args.port + 2}",
-                "default_workers_per_model=1",
+                f"default_workers_per_model={args.workers}",
                 f"job_queue_size={args.queue}",
                 "disable_system_metrics=true",
                 "install_py_dep_per_model=false",
@@ -72,7 +72,7 @@ def main() -> None:
         **os.environ,
         "BENCH_DIR": str(HERE),
         "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),
-        "OMP_NUM_THREADS": "2",
+        "OMP_NUM_THREADS": os.environ.get("PEERS_TORCH_THREADS", "2"),
         "LOG_LOCATION": str(work / "logs"),
         "METRICS_LOCATION": str(work / "logs"),
         "TMPDIR": str(work),  # its pid file (.model_server.pid) is private to this launch
@@ -107,7 +107,7 @@ def main() -> None:
                 time.sleep(0.5)
         query = (
             f"url={args.model}.mar&model_name={args.model}&batch_size={args.max_batch}"
-            f"&max_batch_delay={round(args.delay_ms)}&initial_workers=1&synchronous=true"
+            f"&max_batch_delay={round(args.delay_ms)}&initial_workers={args.workers}&synchronous=true"
             "&response_timeout=120"
         )
         req = urllib.request.Request(f"http://127.0.0.1:{mgmt}/models?{query}", method="POST")

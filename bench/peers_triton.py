@@ -1,6 +1,7 @@
 """NVIDIA Triton (through PyTriton) serving one model for bench/peers.py, with its dynamic batcher.
 
-One model instance; the dynamic batcher forms batches of up to `--max-batch` requests, waiting at
+`--workers` model instances (each its own copy of the model on its own thread, with
+PEERS_TORCH_THREADS torch threads); the dynamic batcher forms batches of up to `--max-batch` requests, waiting at
 most `--delay-ms` for more; a request that has waited in the queue longer than `--deadline-ms` is
 rejected (Triton's queue policy, REJECT: it could no longer be on time, so dropping it is Triton's
 best use of the device). Input `jpeg` (BYTES [1]); outputs `classes` (INT64 [5]), `scores`
@@ -17,6 +18,7 @@ Needs LD_LIBRARY_PATH to include this Python's own library directory (bench/peer
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 from peers_args import launcher_parser  # bench/ is this script's folder
@@ -32,12 +34,16 @@ def main() -> None:
     ap.add_argument("--deadline-ms", type=float, default=0.0, help="queue timeout; 0: none")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    model = Model(args.model, warm_batches=(1, args.max_batch), own_thread=True)
 
-    @batch
-    def infer(jpeg: np.ndarray) -> dict[str, np.ndarray]:
-        classes, scores = model.classify([bytes(row[0]) for row in jpeg])
-        return {"classes": classes.astype(np.int64), "scores": scores.astype(np.float32)}
+    def instance() -> Callable[..., dict[str, np.ndarray]]:
+        model = Model(args.model, warm_batches=(1, args.max_batch), own_thread=True)
+
+        @batch
+        def infer(jpeg: np.ndarray) -> dict[str, np.ndarray]:
+            classes, scores = model.classify([bytes(row[0]) for row in jpeg])
+            return {"classes": classes.astype(np.int64), "scores": scores.astype(np.float32)}
+
+        return infer  # type: ignore[no-any-return]
 
     policy = (
         QueuePolicy(
@@ -59,7 +65,7 @@ def main() -> None:
     with Triton(config=config) as triton:
         triton.bind(
             model_name=args.model,
-            infer_func=infer,
+            infer_func=[instance() for _ in range(args.workers)],
             inputs=[Tensor(name="jpeg", dtype=bytes, shape=(1,))],
             outputs=[
                 Tensor(name="classes", dtype=np.int64, shape=(5,)),

@@ -77,7 +77,8 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
     trace = load_timestamps(AZURE_TRACE) if args.arrivals == "azure" else np.empty(0)
     logs = Path(args.logdir)
     roots = {"this checkout": ROOT, args.against: other}  # a git revision has no spaces
-    runs = {n: Running("layerbatch", args.model, Knobs(), args.deadline_ms, logs, root=r)
+    knobs = Knobs(workers=args.replicas)
+    runs = {n: Running("layerbatch", args.model, knobs, args.deadline_ms, logs, root=r)
             for n, r in roots.items()}  # fmt: skip
     loads = {n: Load(r, frames, args.deadline_ms) for n, r in runs.items()}
     give_up_s = args.deadline_ms / 1000.0
@@ -130,6 +131,13 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=125.0, help="req/s (the mean, for the trace)")
     ap.add_argument("--arrivals", choices=("poisson", "azure"), default="poisson")
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="both servers' --replicas, each with 2 / replicas torch threads (bench/peers.py runs "
+        "layerbatch with 2; a revision from before --replicas existed takes only 1)",
+    )
     ap.add_argument("--seconds", type=float, default=20.0, help="per run, Poisson")
     ap.add_argument(
         "--requests", type=int, default=FULL_LOAD["min_requests"], help="per run, the trace"
@@ -137,7 +145,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--logdir", default=str(ROOT / "out" / "server-ab"))
     args = ap.parse_args()
-    for flag in ("--rate", "--pairs", "--seconds", "--requests"):
+    for flag in ("--rate", "--pairs", "--seconds", "--requests", "--replicas"):
         value = getattr(args, flag[2:])
         if not value > 0:
             raise SystemExit(f"{flag}: expected a positive number, got {value:g}")

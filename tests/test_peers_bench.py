@@ -60,6 +60,9 @@ def test_tuning_grid_is_the_product_with_batch_one_once() -> None:
     assert Knobs(16, 20.0) in grid and Knobs(4, 1.0) in grid
     assert [k.label for k in grid[:2]] == ["B=1", "B=4,1ms"]
     assert Knobs().label == "default"
+    with_workers = tuning_grid([4, 8], [5], [1, 2])
+    assert [k.label for k in with_workers] == ["B=4,5ms", "B=8,5ms", "B=4,5ms,2w", "B=8,5ms,2w"]
+    assert Knobs(workers=2).label == "2 replicas"
 
 
 def test_summarize_counts_only_answers_within_the_deadline() -> None:
@@ -274,9 +277,27 @@ def test_profile_breakdown_attributes_samples_to_threads_and_categories() -> Non
     assert categorize("x (somewhere.py:1)") == "other"
 
 
-@pytest.mark.parametrize("knobs", [Knobs(), Knobs(1, 0.0), Knobs(8, 5.0), Knobs(16, 1.5)])
+@pytest.mark.parametrize(
+    "knobs",
+    [Knobs(), Knobs(1, 0.0), Knobs(8, 5.0), Knobs(16, 1.5), Knobs(workers=2), Knobs(1, 0.0, 2),
+     Knobs(8, 20.0, 2)],
+)  # fmt: skip
 def test_knobs_label_round_trips(knobs: Knobs) -> None:
     assert knobs_from_label(knobs.label) == knobs
+
+
+def test_workers_split_the_same_threads_for_every_server() -> None:
+    for server in ("layerbatch", "triton", "ray", "torchserve"):
+        knobs = Knobs(workers=2) if server == "layerbatch" else Knobs(8, 5.0, 2)
+        cmd, env = server_command(server, "resnet18", knobs, 300.0, 9000, "dp-tardy")
+        assert env["PEERS_TORCH_THREADS"] == "1"
+        if server == "layerbatch":
+            assert cmd[cmd.index("--threads") + 1] == "1"
+            assert cmd[cmd.index("--replicas") + 1] == "2"
+        else:
+            assert cmd[cmd.index("--workers") + 1] == "2"
+    cmd, _ = server_command("layerbatch", "resnet18", Knobs(), 300.0, 9000, "dp-tardy")
+    assert "--replicas" not in cmd
 
 
 @pytest.mark.parametrize("fold", [False, True])
