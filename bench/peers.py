@@ -48,8 +48,8 @@ out of reach on this machine.
 
 Runs in the peers' venv (`make bench-peers` creates .venv-peers and runs the full benchmark):
 
-    .venv-peers/bin/python bench/peers.py --quick     # resnet18, 300 ms, short runs, 2x2 grid
-    .venv-peers/bin/python bench/peers.py             # full: 3 models x {300, 1000} ms, 4x3 grid
+    .venv-peers/bin/python bench/peers.py --quick     # resnet18, 300 ms, short runs, 2x2x2 grid
+    .venv-peers/bin/python bench/peers.py             # full: 3 models x {300, 1000} ms, 2x4x3 grid
     .venv-peers/bin/python bench/peers.py --servers layerbatch,triton --models mobilenet_v2
     .venv-peers/bin/python bench/peers.py --interleave 26,30,34,38 --rounds 2 [--fold-peers]
     .venv-peers/bin/python bench/peers.py --quick --models mobilenet_v2 --arrivals azure \
@@ -1595,7 +1595,7 @@ def plot(
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--quick", action="store_true", help="resnet18, 300 ms, short, 2x2 grid")
+    ap.add_argument("--quick", action="store_true", help="resnet18, 300 ms, short, 2x2x2 grid")
     ap.add_argument("--models")
     ap.add_argument("--deadlines", help="ms, comma list")
     ap.add_argument("--servers", default=",".join(SERVERS))

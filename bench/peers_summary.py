@@ -66,6 +66,7 @@ class Cell:
     compute_bound_rps: tuple[float, ...]  # each run's
     batched_ceiling_rps: tuple[float | None, ...]  # each run's (None: not measured)
     ours: tuple[float, str]  # layerbatch's crossing and its side (`edge_crossing`)
+    our_knobs: str  # layerbatch's: "default" (one runtime) or "2 replicas"
     best_peer: str
     best_peer_knobs: str
     peer: tuple[float, str]  # the best peer's crossing and its side
@@ -120,6 +121,7 @@ def cell_of(
             float(b["batched_rps"]) if b.get("batched_rps") else None for b in bounds
         ),
         ours=at["layerbatch"],
+        our_knobs="; ".join(dict.fromkeys(d["knobs"].get("layerbatch", "default") for d in docs)),
         best_peer=peer,
         best_peer_knobs="; ".join(
             dict.fromkeys(d["knobs"][peer] for d in docs if peer in d["knobs"])
@@ -199,10 +201,13 @@ def table(cells: Sequence[Cell]) -> str:
             target += f" ({len(notes)})"
         name = SERVER_NAMES.get(c.best_peer, c.best_peer)
         peer = f"{name} ({c.best_peer_knobs}) {crossing_text(*c.peer)}"
+        ours = crossing_text(*c.ours)
+        if c.our_knobs != "default":
+            ours += f" ({c.our_knobs})"
         rows.append(
             f"| {c.model} | {c.deadline_ms:g} ms, {ARRIVAL_NAMES.get(c.arrival, c.arrival)} "
             f"| {numbers(c.compute_bound_rps)} | {numbers(c.batched_ceiling_rps)} "
-            f"| {crossing_text(*c.ours)} | {peer} | {ratio_text(c.interval)} | {target} "
+            f"| {ours} | {peer} | {ratio_text(c.interval)} | {target} "
             f"| {share_text(c.of_compute_bound())} | {run_names(c.runs)} |"
         )
     return "\n".join(rows + ([""] + notes if notes else []))
