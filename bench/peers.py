@@ -628,6 +628,10 @@ class Running:
 # ----------------------------------------------------------------------------- the load
 
 
+class ExitedEarly(RuntimeError):
+    """A server's process ended before it answered its first request."""
+
+
 class Load:
     """The open-loop load generator for one running server: the same arrivals and frames for
     every server, each request in that server's protocol."""
@@ -682,7 +686,7 @@ class Load:
         end = time.monotonic() + timeout_s
         while True:
             if self.run.proc.poll() is not None:
-                raise RuntimeError(
+                raise ExitedEarly(
                     f"{self.run.server} exited ({self.run.proc.returncode}):\n{self.run.tail()}"
                 )
             status, _, top1 = await self.one(0, 30.0)
@@ -851,18 +855,31 @@ class Bench:
             if a == arrival
         }
 
-    async def start(self, server: str, model: str, knobs: Knobs, deadline: float) -> Load:
-        run = Running(
-            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers,
-            self.st.step_log,
-        )  # fmt: skip
-        load = Load(run, self.frames, deadline)
-        try:
-            await load.ready()
-        except BaseException:
-            await load.close()
-            run.stop()
-            raise
+    async def start(
+        self, server: str, model: str, knobs: Knobs, deadline: float, tries: int = 2
+    ) -> Load:
+        """`server` up and answering; one that exits while starting is started again, up to
+        `tries` times in all (Triton's Python backend sometimes fails its handshake when another
+        server is starting beside it)."""
+        for attempt in range(1, tries + 1):
+            run = Running(
+                server, model, knobs, deadline, self.st.logdir, self.st.policy,
+                self.st.fold_peers, self.st.step_log,
+            )  # fmt: skip
+            load = Load(run, self.frames, deadline)
+            try:
+                await load.ready()
+                break
+            except BaseException as e:
+                await load.close()
+                run.stop()
+                if not isinstance(e, ExitedEarly) or attempt == tries:
+                    raise
+                print(
+                    f"  {server} exited ({run.proc.returncode}) while starting (log: {run.log}); "
+                    "starting it again",
+                    flush=True,
+                )
         print(
             f"  {server} {model} {knobs.label}: ready in {run.ready_s:.0f} s, idle "
             f"{load.idle_ms:.1f} ms, top-1 of frame 0 = {load.top1}",
@@ -872,6 +889,7 @@ class Bench:
             "top1_frame0": load.top1,
             "idle_ms": round(load.idle_ms or 0, 2),
             "ready_s": round(run.ready_s or 0, 1),
+            "starts": attempt,
         }
         return load
 
