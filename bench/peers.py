@@ -5,8 +5,8 @@ on this machine.
 Every server serves one model at a time (resnet18, mobilenet_v2, googlenet; the torchvision
 definition under layerexec's seed, so the same weights) with 2 torch threads in all, either one
 worker with 2 intra-op threads or two workers of one (TorchServe's workers, Triton's model
-instances, Ray Serve's replicas: a knob tuned with the batching knobs; layerbatch runs
-`--replicas 2 --threads 1`, `--layerbatch-replicas`, on every cell, untuned), decodes
+instances, Ray Serve's replicas: a knob tuned with the batching knobs; layerbatch's `--replicas`
+is tuned the same way, one runtime of 2 threads or two of one, `--layerbatch-replicas`), decodes
 and resizes the same JPEG frames server-side with the same code (bench/peers_model.py calls
 layerexec's own `rgb_tensor` after the same `cv2.imdecode`), and runs the model channels-last
 under inference mode as layerbatch's executor does. One load generator (this file) sends the same
@@ -772,7 +772,7 @@ class Settings:
     interleave: list[float]
     rounds: int
     fold_peers: bool = False
-    layerbatch_replicas: int = 1
+    layerbatch_replicas: tuple[int, ...] = (1,)
     pause_idle: bool = True
     report: list[Path] = field(default_factory=list)
     step_log: bool = False
@@ -902,7 +902,7 @@ class Bench:
         A peer is tuned under each arrival process it is measured under: knobs best for Poisson
         arrivals need not be best for the bursty trace (TorchServe's were not)."""
         st = self.st
-        grid = [Knobs(workers=st.layerbatch_replicas)] if server == "layerbatch" else st.grid
+        grid = layerbatch_grid(st) if server == "layerbatch" else st.grid
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
         # layerbatch takes it per request, the others ignore it: one start serves every deadline
         groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
@@ -1123,9 +1123,7 @@ async def profile_layerbatch(
     every thread, on-CPU stacks only; a second pass with idle stacks shows where threads wait)."""
     spy = Path(sys.executable).parent / "py-spy"
     out: dict[str, Any] = {"model": model, "rate_rps": rate, "deadline_ms": deadline}
-    run = Running(
-        "layerbatch", model, Knobs(workers=st.layerbatch_replicas), deadline, st.logdir, st.policy
-    )
+    run = Running("layerbatch", model, layerbatch_grid(st)[-1], deadline, st.logdir, st.policy)
     load = Load(run, frames, deadline)
     try:
         await load.ready()
@@ -1283,6 +1281,11 @@ def mean_on_time(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]) 
     }
 
 
+def layerbatch_grid(st: Settings) -> list[Knobs]:
+    """layerbatch's knobs to tune over: its replica counts (`--layerbatch-replicas`), fewest first."""
+    return [Knobs(workers=r) for r in st.layerbatch_replicas]
+
+
 def tuning_records(
     out: Path, model: str, arrival: str = "poisson"
 ) -> list[tuple[Path, dict[str, Any]]]:
@@ -1307,12 +1310,15 @@ def knobs_on_record(
 ) -> dict[str, tuple[Knobs, str]]:
     """Each server's best knobs from the tuning runs on record (`tuning_records`), with where
     they came from, the first found of: tuned under `arrival` at `deadline_ms`, under `arrival`
-    at another deadline, then the same two under Poisson arrivals."""
+    at another deadline, then the same two under Poisson arrivals (layerbatch's only where it
+    was tuned over replica counts)."""
     found: dict[str, tuple[Knobs, str]] = {}
     for tuned_under in dict.fromkeys(["poisson", arrival]):  # lowest priority first
         exact: dict[str, tuple[Knobs, str]] = {}
         other: dict[str, tuple[Knobs, str]] = {}
         for p, r in tuning_records(out, model, tuned_under):
+            if r["server"] == "layerbatch" and not r.get("tuned_under"):
+                continue  # a run at one replica count: its knobs were given, not tuned
             into = exact if r["deadline_ms"] == deadline_ms else other
             where = f"tuned under {tuned_under} arrivals at {r['deadline_ms']:g} ms, {p.name}"
             into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
@@ -1328,9 +1334,9 @@ def interleaved_main(
     knobs: dict[str, Knobs] = {}
     sources: dict[str, str] = {}
     for s in st.servers:
-        if s == "layerbatch":
-            knobs[s] = Knobs(workers=st.layerbatch_replicas)
-            sources[s] = f"its defaults on {knobs[s].label} (--layerbatch-replicas), never tuned"
+        if s == "layerbatch" and (s not in found or len(st.layerbatch_replicas) == 1):
+            knobs[s] = layerbatch_grid(st)[-1]
+            sources[s] = f"{knobs[s].label}, the most of --layerbatch-replicas, untuned"
         else:
             knobs[s], sources[s] = found.get(s, (UNTUNED, "no tuning run"))
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
@@ -1628,9 +1634,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     ap.add_argument(
         "--layerbatch-replicas",
-        type=int,
-        default=2,
-        help=f"layerbatch's --replicas, each with {THREADS} / replicas torch threads (default 2)",
+        default="1,2",
+        help=f"layerbatch's --replicas tried, each replica with {THREADS} / replicas torch threads "
+        "(default 1,2); --interleave takes its best on record, else the most of these",
     )
     ap.add_argument("--duration", type=float, help="seconds per measured rate")
     ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
@@ -1686,7 +1692,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         [float(x) for x in (a.delays or ("5,20" if q else "1,5,20")).split(",")],
         [int(x) for x in a.workers.split(",")],
     )
-    for w in [*(k.workers for k in grid), a.layerbatch_replicas]:
+    replicas = tuple(sorted({int(x) for x in a.layerbatch_replicas.split(",")}))
+    for w in [*(k.workers for k in grid), *replicas]:
         if not 1 <= w <= THREADS:
             raise SystemExit(f"--workers, --layerbatch-replicas: expected 1 to {THREADS}, got {w}")
     if a.report:
@@ -1713,7 +1720,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         interleave=[float(x) for x in a.interleave.split(",")] if a.interleave else [],
         rounds=a.rounds,
         fold_peers=a.fold_peers,
-        layerbatch_replicas=a.layerbatch_replicas,
+        layerbatch_replicas=replicas,
         pause_idle=a.pause_idle,
         report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
     )

@@ -77,8 +77,9 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
     trace = load_timestamps(AZURE_TRACE) if args.arrivals == "azure" else np.empty(0)
     logs = Path(args.logdir)
     roots = {"this checkout": ROOT, args.against: other}  # a git revision has no spaces
-    knobs = Knobs(workers=args.replicas)
-    runs = {n: Running("layerbatch", args.model, knobs, args.deadline_ms, logs, root=r)
+    replicas = {"this checkout": args.replicas, args.against: args.against_replicas}
+    runs = {n: Running("layerbatch", args.model, Knobs(workers=replicas[n]), args.deadline_ms,
+                       logs, root=r)
             for n, r in roots.items()}  # fmt: skip
     loads = {n: Load(r, frames, args.deadline_ms) for n, r in runs.items()}
     give_up_s = args.deadline_ms / 1000.0
@@ -135,8 +136,15 @@ def main() -> None:
         "--replicas",
         type=int,
         default=1,
-        help="both servers' --replicas, each with 2 / replicas torch threads (bench/peers.py runs "
-        "layerbatch with 2; a revision from before --replicas existed takes only 1)",
+        help="this checkout's --replicas, each with 2 / replicas torch threads (bench/peers.py "
+        "tunes it over 1 and 2)",
+    )
+    ap.add_argument(
+        "--against-replicas",
+        type=int,
+        help="the revision's --replicas (default: --replicas; a revision from before --replicas "
+        "existed takes only 1); `--against HEAD --replicas 2 --against-replicas 1` measures "
+        "replicas against one runtime",
     )
     ap.add_argument("--seconds", type=float, default=20.0, help="per run, Poisson")
     ap.add_argument(
@@ -145,8 +153,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--logdir", default=str(ROOT / "out" / "server-ab"))
     args = ap.parse_args()
-    for flag in ("--rate", "--pairs", "--seconds", "--requests", "--replicas"):
-        value = getattr(args, flag[2:])
+    if args.against_replicas is None:
+        args.against_replicas = args.replicas
+    for flag in (
+        "--rate",
+        "--pairs",
+        "--seconds",
+        "--requests",
+        "--replicas",
+        "--against-replicas",
+    ):
+        value = getattr(args, flag[2:].replace("-", "_"))
         if not value > 0:
             raise SystemExit(f"{flag}: expected a positive number, got {value:g}")
     with (

@@ -424,6 +424,30 @@ def test_a_run_under_the_azure_trace_takes_knobs_tuned_under_it_else_says_they_w
     assert "ray" not in poisson  # tuned under the trace only
 
 
+def test_layerbatch_takes_its_replicas_from_record_only_where_they_were_tuned(
+    tmp_path: Path,
+) -> None:
+    """layerbatch's runs at one given replica count (no "tuned_under") say nothing of its best
+    count; a run tuned over counts does, as a peer's tuning run does."""
+    rows = [
+        ("layerbatch", 1000.0, None, "default"),  # measured untuned, on one runtime
+        ("layerbatch", 300.0, "poisson", "2 replicas"),
+        ("triton", 300.0, "poisson", "B=8,5ms,2w"),
+    ]
+    keys = ("server", "deadline_ms", "tuned_under", "knobs")
+    results = [
+        {**dict(zip(keys, r, strict=True)), "model": "resnet18", "arrival": "poisson"} for r in rows
+    ]
+    (tmp_path / "peers-quick-resnet18-t.json").write_text(json.dumps({"results": results}))
+    out = tmp_path / "peers.json"
+    at_1000 = knobs_on_record(out, "resnet18", 1000.0)
+    assert at_1000["layerbatch"][0] == Knobs(workers=2)  # tuned at 300 ms, not the untuned row
+    assert at_1000["triton"][0] == Knobs(8, 5.0, 2)
+    results.pop(1)
+    (tmp_path / "peers-quick-resnet18-t.json").write_text(json.dumps({"results": results}))
+    assert "layerbatch" not in knobs_on_record(out, "resnet18", 1000.0)
+
+
 def test_interleaved_capacity_is_the_highest_rate_up_to_which_every_mean_is_on_time() -> None:
     doc: dict[str, Any] = {
         "model": "resnet18",
@@ -575,3 +599,10 @@ def test_a_paused_session_uses_no_cpu_until_it_is_continued() -> None:
     finally:
         signal_session(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_layerbatch_is_tuned_over_replica_counts_like_the_peers_over_workers() -> None:
+    assert parse_args(["--quick"]).layerbatch_replicas == (1, 2)
+    assert parse_args(["--quick", "--layerbatch-replicas", "2,1,2"]).layerbatch_replicas == (1, 2)
+    with pytest.raises(SystemExit, match="--layerbatch-replicas: expected 1 to 2, got 3"):
+        parse_args(["--quick", "--layerbatch-replicas", "1,3"])
