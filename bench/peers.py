@@ -1336,7 +1336,8 @@ def interleaved_main(
     for s in st.servers:
         if s == "layerbatch" and (s not in found or len(st.layerbatch_replicas) == 1):
             knobs[s] = layerbatch_grid(st)[-1]
-            sources[s] = f"{knobs[s].label}, the most of --layerbatch-replicas, untuned"
+            one = len(st.layerbatch_replicas) == 1
+            sources[s] = "--layerbatch-replicas" if one else "no tuning run: the most replicas"
         else:
             knobs[s], sources[s] = found.get(s, (UNTUNED, "no tuning run"))
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
