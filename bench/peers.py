@@ -1333,11 +1333,11 @@ def interleaved_main(
     found = knobs_on_record(st.out, model, deadline, st.arrivals[0])
     knobs: dict[str, Knobs] = {}
     sources: dict[str, str] = {}
+    given = len(st.layerbatch_replicas) == 1  # one count given: it is used, not what's on record
     for s in st.servers:
-        if s == "layerbatch" and (s not in found or len(st.layerbatch_replicas) == 1):
+        if s == "layerbatch" and (given or s not in found):
             knobs[s] = layerbatch_grid(st)[-1]
-            one = len(st.layerbatch_replicas) == 1
-            sources[s] = "--layerbatch-replicas" if one else "no tuning run: the most replicas"
+            sources[s] = "--layerbatch-replicas" if given else "no tuning run: the most replicas"
         else:
             knobs[s], sources[s] = found.get(s, (UNTUNED, "no tuning run"))
         print(f"  {s}: {knobs[s].label} ({sources[s]})", flush=True)
