@@ -4,6 +4,8 @@ server runs here."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import signal
 import struct
@@ -21,6 +23,7 @@ import torch
 from bench.peers import (
     AZURE_TRACE,
     Bench,
+    ExitedEarly,
     Knobs,
     Protocol,
     RateSearch,
@@ -606,3 +609,17 @@ def test_layerbatch_is_tuned_over_replica_counts_like_the_peers_over_workers() -
     assert parse_args(["--quick", "--layerbatch-replicas", "2,1,2"]).layerbatch_replicas == (1, 2)
     with pytest.raises(SystemExit, match="--layerbatch-replicas: expected 1 to 2, got 3"):
         parse_args(["--quick", "--layerbatch-replicas", "1,3"])
+
+
+def test_a_server_that_exits_while_starting_is_started_again_then_given_up_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`Bench.start` starts a server that exits before its first answer once more, then raises
+    with the server's own last words; each start has its log and nothing is recorded as up."""
+    st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path, policy="no-such-policy")
+    bench = Bench(st, [b"not a jpeg"], np.zeros(1))
+    with pytest.raises(ExitedEarly, match="invalid choice: 'no-such-policy'"):
+        asyncio.run(bench.start("layerbatch", "resnet18", Knobs(), 300.0, tries=2))
+    assert capsys.readouterr().out.count("while starting") == 1
+    assert len(list(tmp_path.glob("layerbatch-resnet18-*.log"))) == 2
+    assert bench.checks == {}
