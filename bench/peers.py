@@ -1292,26 +1292,33 @@ def tuning_records(
     """`model`'s results under `arrival` arrivals, at knobs tuned under them, from the runs on
     record beside `out` (`out` itself, then peers-quick.json, then peers-quick-MODEL.json and
     peers-quick-MODEL-*.json, e.g. a tuning run at another deadline), each with its file. Runs
-    from before per-arrival tuning (no "tuned_under") were tuned under Poisson arrivals."""
+    from before per-arrival tuning (no "tuned_under") were tuned under Poisson arrivals. Under a
+    trace each record also carries `tuned_on_arrivals`, how many of the trace's first arrivals
+    its tuning measured (its --min-requests), where the file says."""
     files = [out, out.with_name("peers-quick.json"), out.with_name(f"peers-quick-{model}.json")]
     files += sorted(out.parent.glob(f"peers-quick-{model}-*.json"))
-    return [
-        (p, r)
-        for p in files
-        if p.exists()
-        for r in json.loads(p.read_text())["results"]
-        if (r["model"], r["arrival"], r.get("tuned_under") or "poisson")
-        == (model, arrival, arrival)
-    ]
+    found: list[tuple[Path, dict[str, Any]]] = []
+    for p in (f for f in files if f.exists()):
+        doc = json.loads(p.read_text())
+        count = doc.get("settings", {}).get("min_requests") if arrival != "poisson" else None
+        found += [
+            (p, {**r, "tuned_on_arrivals": count} if count else r)
+            for r in doc["results"]
+            if (r["model"], r["arrival"], r.get("tuned_under") or "poisson")
+            == (model, arrival, arrival)
+        ]
+    return found
 
 
 def knobs_on_record(
-    out: Path, model: str, deadline_ms: float, arrival: str = "poisson"
+    out: Path, model: str, deadline_ms: float, arrival: str = "poisson", count: int = 0
 ) -> dict[str, tuple[Knobs, str]]:
     """Each server's best knobs from the tuning runs on record (`tuning_records`), with where
     they came from, the first found of: tuned under `arrival` at `deadline_ms`, under `arrival`
     at another deadline, then the same two under Poisson arrivals (layerbatch's only where it
-    was tuned over replica counts)."""
+    was tuned over replica counts). Under a trace, where says on how many of its first arrivals
+    the knobs were tuned, and whether that differs from `count`, the run's: more arrivals bring
+    other bursts (the Azure trace's arrivals 151-200 come within half a second)."""
     found: dict[str, tuple[Knobs, str]] = {}
     for tuned_under in dict.fromkeys(["poisson", arrival]):  # lowest priority first
         exact: dict[str, tuple[Knobs, str]] = {}
@@ -1320,7 +1327,11 @@ def knobs_on_record(
             if r["server"] == "layerbatch" and not r.get("tuned_under"):
                 continue  # a run at one replica count: its knobs were given, not tuned
             into = exact if r["deadline_ms"] == deadline_ms else other
-            where = f"tuned under {tuned_under} arrivals at {r['deadline_ms']:g} ms, {p.name}"
+            where = f"tuned under {tuned_under} arrivals at {r['deadline_ms']:g} ms"
+            if n := r.get("tuned_on_arrivals"):
+                differs = f", not this run's {count}" if count and n != count else ""
+                where += f" on its first {n}{differs}"
+            where += f", {p.name}"
             into.setdefault(r["server"], (knobs_from_label(r["knobs"]), where))
         found.update({**other, **exact})
     return found
@@ -1330,7 +1341,7 @@ def interleaved_main(
     st: Settings, frames: list[bytes], trace: np.ndarray, rates: list[float], rounds: int
 ) -> None:
     model, deadline = st.models[0], st.deadlines[0]
-    found = knobs_on_record(st.out, model, deadline, st.arrivals[0])
+    found = knobs_on_record(st.out, model, deadline, st.arrivals[0], st.min_requests)
     knobs: dict[str, Knobs] = {}
     sources: dict[str, str] = {}
     given = len(st.layerbatch_replicas) == 1  # one count given: it is used, not what's on record

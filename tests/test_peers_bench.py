@@ -427,6 +427,30 @@ def test_a_run_under_the_azure_trace_takes_knobs_tuned_under_it_else_says_they_w
     assert "ray" not in poisson  # tuned under the trace only
 
 
+def test_knobs_tuned_on_fewer_of_the_traces_arrivals_than_the_run_measures_say_so(
+    tmp_path: Path,
+) -> None:
+    """The trace's first 150 arrivals and its first 200 hold different bursts, so knobs tuned on
+    one count are said to be tuned on it, and a run on another count is told it differs."""
+    result = {
+        "server": "triton", "model": "resnet18", "deadline_ms": 1000.0, "arrival": "azure",
+        "tuned_under": "azure", "knobs": "B=8,5ms,2w",
+    }  # fmt: skip
+    doc = {"settings": {"min_requests": 150}, "results": [result]}
+    (tmp_path / "peers-quick-resnet18-azure.json").write_text(json.dumps(doc))
+    out = tmp_path / "peers.json"
+    tuned = "tuned under azure arrivals at 1000 ms on its first 150"
+    file = ", peers-quick-resnet18-azure.json"
+    same = knobs_on_record(out, "resnet18", 1000.0, "azure", 150)["triton"]
+    assert same == (Knobs(8, 5.0, 2), tuned + file)
+    more = knobs_on_record(out, "resnet18", 1000.0, "azure", 200)["triton"]
+    assert more == (Knobs(8, 5.0, 2), tuned + ", not this run's 200" + file)
+    result["arrival"] = result["tuned_under"] = "poisson"  # Poisson tunings carry no count
+    (tmp_path / "peers-quick-resnet18-azure.json").write_text(json.dumps(doc))
+    poisson = knobs_on_record(out, "resnet18", 1000.0, "poisson", 200)["triton"][1]
+    assert poisson == "tuned under poisson arrivals at 1000 ms" + file
+
+
 def test_layerbatch_takes_its_replicas_from_record_only_where_they_were_tuned(
     tmp_path: Path,
 ) -> None:
