@@ -1318,7 +1318,7 @@ def knobs_on_record(
     at another deadline, then the same two under Poisson arrivals (layerbatch's only where it
     was tuned over replica counts). Under a trace, where says on how many of its first arrivals
     the knobs were tuned, and whether that differs from `count`, the run's: more arrivals bring
-    other bursts (the Azure trace's arrivals 151-200 come within half a second)."""
+    other bursts (the Azure trace's arrivals 151-200 are one burst)."""
     found: dict[str, tuple[Knobs, str]] = {}
     for tuned_under in dict.fromkeys(["poisson", arrival]):  # lowest priority first
         exact: dict[str, tuple[Knobs, str]] = {}
