@@ -196,8 +196,9 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--step-log",
         metavar="FILE",
-        help="write every step it runs to FILE, one JSON line each (model, stages, batch, ms; "
-        "bench/step_replay.py replays it alone)",
+        help="write every step it runs to FILE, one JSON line each (model, stages, batch, ms, "
+        "planned ms), and every request its plans drop (how late it was predicted); "
+        "bench/step_replay.py replays the steps alone",
     )
     srv.set_defaults(func=cmd_serve)
 

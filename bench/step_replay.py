@@ -55,11 +55,14 @@ class Step:
 
 def read_steps(path: Path) -> list[Step]:
     """The replayable steps of a step log ("step" lane, not cancelled, a stage and a request at
-    least), in order. Raises SystemExit naming the line for a line that is not a step log's."""
+    least), in order; its lines of dropped requests are passed over. Raises SystemExit naming
+    the line for a line that is not a step log's."""
     steps = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
             d = json.loads(line)
+            if "drop" in d:
+                continue
             step = Step(d["model"], int(d["first_stage"]), int(d["stages"]), int(d["batch"]),
                         float(d["ms"]))  # fmt: skip
             lane, cancelled = d["lane"], bool(d["cancelled"])

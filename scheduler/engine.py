@@ -33,9 +33,12 @@ from scheduler.types import Action, Plan, Request, Scheduler, Step
 
 @dataclass(frozen=True)
 class Dropped:
+    """A request a plan dropped at `at_ms`; `predicted_ms` as the plan's `Drop` says."""
+
     request: Request
     reason: str
     at_ms: float
+    predicted_ms: float | None = None
 
 
 class Engine:
@@ -108,8 +111,8 @@ class Engine:
         if self.timer:
             self.plan_us.append((self.timer() - t0) * 1e6)
         running = set(self.running.action.request_ids) if self.running else set()
-        reasons = {d.request_id: d.reason for d in plan.dropped if d.request_id not in running}
-        gone = self.state.remove(reasons)
+        drops = {d.request_id: d for d in plan.dropped if d.request_id not in running}
+        gone = self.state.remove(drops)
         if gone:
             self._changed()
         self._plan, self._plan_key = plan, (self._state_version, now_ms)
@@ -129,7 +132,7 @@ class Engine:
             self._rest = rest
         else:
             self._rest = []  # next_step takes the plan's actions
-        return [Dropped(r, reasons[r.id], now_ms) for r in gone]
+        return [Dropped(r, drops[r.id].reason, now_ms, drops[r.id].predicted_ms) for r in gone]
 
     def plan_is_current(self) -> bool:
         """Whether the newest plan was made for the state as it is, with the step running now:

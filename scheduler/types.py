@@ -73,6 +73,10 @@ class Step:
     def end_ms(self) -> float:
         return self.stage_end_ms[-1]
 
+    def planned_ms(self, stages: int) -> float:
+        """The profile's time for its first `stages` stages (0 for none)."""
+        return self.stage_end_ms[stages - 1] - self.start_ms if stages else 0.0
+
     def stages_done_by(self, t_ms: float) -> int:
         """Stages complete if the step is cancelled at `t_ms`: every stage that started before
         `t_ms` finishes; one that would start at `t_ms` does not (the exit check comes first)."""
@@ -82,10 +86,13 @@ class Step:
 
 @dataclass(frozen=True)
 class Drop:
-    """A request the plan will not run, with the reason the client is told."""
+    """A request the plan will not run, with the reason the client is told. `predicted_ms`
+    (absolute, as `completion_ms`), where the policy predicted it late: when it would finish
+    alone, or in the plan that found it late; None for one whose deadline had passed."""
 
     request_id: str
     reason: str
+    predicted_ms: float | None = None
 
 
 @dataclass(frozen=True)

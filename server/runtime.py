@@ -496,7 +496,10 @@ class Runtime:
             self._cancel = None
         finished = self.engine.finish(progress.stages_done)
         gap_ms = None if after_ms is None else started - after_ms
-        return _Later(lambda: self._settle(progress, started, ended, finished, gap_ms)), ended
+        planned_ms = step.planned_ms(progress.stages_done)
+        return _Later(
+            lambda: self._settle(progress, started, ended, finished, gap_ms, planned_ms)
+        ), ended
 
     def _settle(
         self,
@@ -505,9 +508,11 @@ class Runtime:
         ended: float,
         finished: list[Request],
         gap_ms: float | None,
+        planned_ms: float,
     ) -> None:
         """The bookkeeping of a step that ran: the hand-off before it, when its requests first
-        ran, the measured against the planned time (calibration), metrics and answers."""
+        ran, the measured against the planned time (calibration), metrics and answers;
+        `planned_ms`, what its plan took the stages it ran to cost, goes to the step log."""
         if gap_ms is not None:
             self.metrics.step_gap.observe(gap_ms)
             self.step_gap_ms = ewma(self.step_gap_ms, gap_ms, CALIBRATION_WEIGHT)
@@ -527,7 +532,7 @@ class Runtime:
             planned = sum(p * f for p, f in zip(profiled, scales, strict=True))
             self.metrics.step_ratio.observe((ended - started) / max(planned, 1e-6))
             self._calibrate(model, k0, profiled, ended - started)
-        self._account(progress, "step", started, ended - started, finished)
+        self._account(progress, "step", started, ended - started, planned_ms, finished)
 
     def _run_timed(
         self,
@@ -580,8 +585,9 @@ class Runtime:
         done = progress.stages_done
         self.metrics.stacked += 1
         self._account(
-            progress, "stacked", started, ended - started, self.engine.finish_beside(done)
-        )
+            progress, "stacked", started, ended - started, step.planned_ms(done),
+            self.engine.finish_beside(done),
+        )  # fmt: skip
         self._replan_now()
 
     def _account(
@@ -590,6 +596,7 @@ class Runtime:
         lane: str,
         started_ms: float,
         took_ms: float,
+        planned_ms: float,
         finished: list[Request],
     ) -> None:
         """Metrics (the busy time of `lane`: "step" or "stacked"), the step log and per-request
@@ -600,7 +607,7 @@ class Runtime:
         if self.step_log is not None:
             self.step_log.write(
                 lane, started_ms - self.started_ms, action.model, action.stages[0], done, batch,
-                took_ms, progress.cancelled, self.replica,
+                took_ms, planned_ms, progress.cancelled, self.replica,
             )  # fmt: skip
         if batch:
             self.metrics.ran(action.model, range(action.stages[0], action.stages[0] + done), batch)
@@ -654,9 +661,16 @@ class Runtime:
 
     def _answer_drops(self, drops: list[Dropped]) -> None:
         for d in drops:
-            self.executor.drop([d.request.id])
+            r = d.request
+            self.executor.drop([r.id])
             self.metrics.dropped[d.reason] += 1
-            self._answer(d.request.id, "dropped", reason=d.reason)
+            if self.step_log is not None:
+                late_by = None if d.predicted_ms is None else d.predicted_ms - r.deadline_ms
+                self.step_log.drop(
+                    d.at_ms - self.started_ms, r.id, r.app, d.reason, d.at_ms - r.arrival_ms,
+                    r.deadline_ms - d.at_ms, late_by, self.replica,
+                )  # fmt: skip
+            self._answer(r.id, "dropped", reason=d.reason)
 
     def _answer(self, rid: str, status: str, output: Any = None, reason: str | None = None) -> None:
         p = self.pending.pop(rid, None)

@@ -3,13 +3,24 @@
 A line reads, for example,
 
     {"t_ms": 8123.41, "lane": "step", "model": "mobilenet_v2", "first_stage": 7,
-     "stages": 6, "batch": 9, "ms": 11.93, "cancelled": false}
+     "stages": 6, "batch": 9, "ms": 11.93, "planned_ms": 12.4, "cancelled": false}
 
 `t_ms` is when the step started, in ms since the runtime started; `lane` is "step" (the
 executor thread) or "stacked" (the second lane, `Plan.beside`); `stages` is how many stages
 it ran from `first_stage` (fewer than planned when it was cancelled at a stage boundary, none
 when before its first); `batch` is how many requests ran; `ms` is its own time, read on the
-thread that ran it, as `/metrics` counts it (`layerbatch_busy_ms_total`). A server of several
+thread that ran it, as `/metrics` counts it (`layerbatch_busy_ms_total`); `planned_ms` is what
+the plan took those stages to cost (its calibrated profile at the planned batch, with the
+decodes it charges to a first stage when they run on the executor thread).
+
+A request a plan drops gets a line of its own when it is answered:
+
+    {"t_ms": 8130.02, "drop": "r512", "app": "googlenet", "reason": "...",
+     "waited_ms": 412.5, "left_ms": 587.5, "late_by_ms": 41.3}
+
+`waited_ms` is how long it had been queued, `left_ms` how long was left to its deadline, and
+`late_by_ms` how late the plan that dropped it predicted it would finish had it been kept
+(null where it made no prediction: a deadline already passed). A server of several
 replicas (`--replicas`) writes them all to one log, each line with its `replica` (0, 1, ...);
 `t_ms` counts from when that replica started. Lines are written as
 steps are settled, one write each, so a server that is killed loses none that it had settled.
@@ -28,7 +39,8 @@ from scheduler.errors import InputError
 
 
 class StepLog:
-    """Appends one line per step to `path` (created or truncated when opened)."""
+    """Appends one line per step, and one per dropped request, to `path` (created or truncated
+    when opened)."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -48,13 +60,34 @@ class StepLog:
         stages: int,
         batch: int,
         took_ms: float,
+        planned_ms: float,
         cancelled: bool,
         replica: int | None = None,
     ) -> None:
-        line: dict[str, object] = {
+        self._line({
             "t_ms": round(t_ms, 3), "lane": lane, "model": model, "first_stage": first_stage,
-            "stages": stages, "batch": batch, "ms": round(took_ms, 4), "cancelled": cancelled,
-        }  # fmt: skip
+            "stages": stages, "batch": batch, "ms": round(took_ms, 4),
+            "planned_ms": round(planned_ms, 4), "cancelled": cancelled,
+        }, replica)  # fmt: skip
+
+    def drop(
+        self,
+        t_ms: float,
+        request_id: str,
+        app: str,
+        reason: str,
+        waited_ms: float,
+        left_ms: float,
+        late_by_ms: float | None,
+        replica: int | None = None,
+    ) -> None:
+        late = None if late_by_ms is None else round(late_by_ms, 3)
+        self._line({
+            "t_ms": round(t_ms, 3), "drop": request_id, "app": app, "reason": reason,
+            "waited_ms": round(waited_ms, 3), "left_ms": round(left_ms, 3), "late_by_ms": late,
+        }, replica)  # fmt: skip
+
+    def _line(self, line: dict[str, object], replica: int | None) -> None:
         if replica is not None:
             line["replica"] = replica
         self._file.write(json.dumps(line) + "\n")

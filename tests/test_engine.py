@@ -236,7 +236,9 @@ def test_expired_requests_are_dropped_with_a_reason(d: Deployment) -> None:
     e = Engine(d, make_policy("nobatch"))
     assert e.admit(req("ok", deadline=500.0), 10.0) == []
     drops = e.admit(req("late", arrival=-100.0, deadline=5.0), 10.0)
-    assert [(x.request.id, x.reason, x.at_ms) for x in drops] == [("late", EXPIRED, 10.0)]
+    assert [(x.request.id, x.reason, x.at_ms, x.predicted_ms) for x in drops] == [
+        ("late", EXPIRED, 10.0, None)
+    ]
     assert "late" not in e.state
     assert "ok" in e.state
     plan = e.plan
@@ -249,7 +251,7 @@ def test_dp_tardy_drops_hopeless_requests_with_a_reason(d: Deployment) -> None:
     solo = d.solo_ms(G, 0)  # 8.448 ms on a V100
     e = Engine(d, make_policy("dp-tardy"))
     drops = e.admit(req("tight", deadline=solo / 2), 0.0)
-    assert [(x.request.id, x.reason) for x in drops] == [("tight", HOPELESS)]
+    assert [(x.request.id, x.reason, x.predicted_ms) for x in drops] == [("tight", HOPELESS, solo)]
     assert len(e.state) == 0
     assert e.admit(req("fine", deadline=solo * 3), 0.0) == []
     step, _, _ = e.next_step(0.0)

@@ -365,6 +365,10 @@ def test_dp_tardy_drops_hopeless_requests_with_the_cannot_finish_reason() -> Non
         assert set(reasons) == {"hopeless", "late_stage"}
         assert reasons["hopeless"] == HOPELESS and "cannot finish" in reasons["hopeless"]
         assert reasons["late_stage"] == HOPELESS
+        # each predicted to finish when it would alone, after its deadline
+        assert {dr.request_id: dr.predicted_ms for dr in plan.dropped} == {
+            "hopeless": 110.0, "late_stage": 105.0
+        }  # fmt: skip
         assert plan.completion_ms["exact"] == 110.0
         assert plan.objective == 2
         check_plan(state, 100.0, plan, "dp-tardy")
@@ -439,6 +443,7 @@ def test_dp_tardy_adds_back_the_late_requests_that_the_rest_leave_room_for() -> 
     check_plan(state, 0.0, plan, "dp-tardy")
     assert plan.dropped_ids == ("r3",)
     assert [x.reason for x in plan.dropped] == [PREDICTED_LATE]
+    assert plan.dropped[0].predicted_ms == 35.0  # in the batch of four that found it late
     assert {plan.completion_ms[f"r{i}"] for i in range(3)} == {27.5}
 
 

@@ -12,7 +12,9 @@ import pytest
 
 import layerbatch
 from bench.step_replay import Step, parse_beside, read_steps, replay
+from scheduler.deployment import Deployment
 from scheduler.errors import InputError
+from scheduler.profile import scaled_stages
 from server.build import build_runtime
 from server.step_log import StepLog
 from tests.server_cases import CIFAR, infer, infer_doc, serve, small_jpeg
@@ -20,21 +22,33 @@ from tests.server_cases import CIFAR, infer, infer_doc, serve, small_jpeg
 
 def line(**over: Any) -> str:
     d = {"t_ms": 1.0, "lane": "step", "model": CIFAR, "first_stage": 0, "stages": 3,
-         "batch": 2, "ms": 1.5, "cancelled": False}  # fmt: skip
+         "batch": 2, "ms": 1.5, "planned_ms": 1.4, "cancelled": False}  # fmt: skip
     return json.dumps({**d, **over})
 
 
-def test_every_step_is_written_as_it_ran(tmp_path: Path) -> None:
+def drop_line(**over: Any) -> str:
+    d = {"t_ms": 2.0, "drop": "r7", "app": CIFAR, "reason": "late", "waited_ms": 3.0,
+         "left_ms": 4.0, "late_by_ms": 0.5}  # fmt: skip
+    return json.dumps({**d, **over})
+
+
+def test_every_step_and_drop_is_written_as_it_happened(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "s.jsonl")
-    log.write("step", 5.0, CIFAR, 2, 0, 4, 0.1, True)  # cancelled before its first stage
-    log.write("stacked", 6.25, CIFAR, 2, 3, 4, 2.5, False)
+    log.write("step", 5.0, CIFAR, 2, 0, 4, 0.1, 0.0, True)  # cancelled before its first stage
+    log.write("stacked", 6.25, CIFAR, 2, 3, 4, 2.5, 2.25, False)
+    log.drop(7.5, "r9", CIFAR, "too late", 12.0, 30.0, 4.5, replica=1)
+    log.drop(8.0, "r10", CIFAR, "expired", 40.0, 0.0, None)
     log.close()
     lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert lines == [
         {"t_ms": 5.0, "lane": "step", "model": CIFAR, "first_stage": 2, "stages": 0,
-         "batch": 4, "ms": 0.1, "cancelled": True},
+         "batch": 4, "ms": 0.1, "planned_ms": 0.0, "cancelled": True},
         {"t_ms": 6.25, "lane": "stacked", "model": CIFAR, "first_stage": 2, "stages": 3,
-         "batch": 4, "ms": 2.5, "cancelled": False},
+         "batch": 4, "ms": 2.5, "planned_ms": 2.25, "cancelled": False},
+        {"t_ms": 7.5, "drop": "r9", "app": CIFAR, "reason": "too late", "waited_ms": 12.0,
+         "left_ms": 30.0, "late_by_ms": 4.5, "replica": 1},
+        {"t_ms": 8.0, "drop": "r10", "app": CIFAR, "reason": "expired", "waited_ms": 40.0,
+         "left_ms": 0.0, "late_by_ms": None},
     ]  # fmt: skip
 
 
@@ -76,16 +90,53 @@ async def test_the_server_logs_every_step_it_ran(aiohttp_client: Any, tmp_path: 
     done = sum(s["stages"] * s["batch"] for s in steps)  # cancelled ones count what they ran
     assert done == 3 * n_stages
     assert all(s["ms"] > 0 and s["t_ms"] >= 0 for s in steps)
+    # what each step's plan took its stages to cost, by the profile at its batch
+    profile = runtime.deployment.profiles[CIFAR]
+    for s in steps:
+        k0, n, b = s["first_stage"], s["stages"], s["batch"]
+        expected = sum(profile.latency_ms(k, b) for k in range(k0, k0 + n))
+        assert s["planned_ms"] == pytest.approx(expected, abs=1e-3)
     times = [s["t_ms"] for s in steps]
     assert times == sorted(times)
     # the same time /metrics counts as the executor's steps
     assert sum(s["ms"] for s in steps) == pytest.approx(runtime.metrics.busy_ms["step"], abs=0.01)
 
 
+@pytest.mark.asyncio
+async def test_the_server_logs_a_request_it_drops_with_how_late_it_would_have_been(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """A request due sooner than its model can run alone is dropped as hopeless: its line says
+    how long it waited, how long it had left and how late it would have finished alone. (The
+    plans' profile is made 1000 times slower, so that the deadline is not already past when
+    the request, decoded, is first planned.)"""
+    path = tmp_path / "steps.jsonl"
+    runtime = build_runtime([CIFAR], threads=1, decode_threads=1, step_log=path)
+    runtime.calibrate = False
+    d = runtime.deployment
+    slow = [scaled_stages(p, [1000.0] * p.num_stages) for p in d.profiles.values()]
+    runtime.deployment = Deployment(slow, list(d.apps.values()), d.max_batch_cap, d.groups)
+    runtime.engine.rebase(runtime.deployment)
+    client = await serve(aiohttp_client, runtime)
+    alone_ms = runtime.deployment.solo_ms(CIFAR, 0)
+    status, answer = await infer(
+        client, infer_doc(small_jpeg(0), request_id="tight", deadline_ms=alone_ms / 4)
+    )
+    assert status == 200 and answer["status"] == "dropped"
+    drops = [d for d in map(json.loads, path.read_text().splitlines()) if "drop" in d]
+    assert len(drops) == 1
+    d = drops[0]
+    assert (d["drop"], d["app"], d["reason"]) == ("tight", CIFAR, answer["reason"])
+    assert d["waited_ms"] >= 0 and d["waited_ms"] + d["left_ms"] == pytest.approx(alone_ms / 4)
+    # predicted to finish alone_ms after it was dropped, alone_ms / 4 after it arrived
+    assert d["late_by_ms"] == pytest.approx(alone_ms - d["left_ms"], abs=1e-2)
+    assert d["late_by_ms"] > 0
+
+
 def test_replay_reads_only_uncancelled_steps_of_the_executor_thread(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lines = [line(), line(lane="stacked"), line(cancelled=True), line(stages=0), line(batch=0)]
-    path.write_text("\n".join([*lines, line(first_stage=3)]))
+    path.write_text("\n".join([*lines, drop_line(), line(first_stage=3)]))
     assert read_steps(path) == [Step(CIFAR, 0, 3, 2, 1.5), Step(CIFAR, 3, 3, 2, 1.5)]
 
 

@@ -120,15 +120,17 @@ class DPScheduler:
         # late even if run alone now: dropped at once. The completion-time plan made with them,
         # minus them, is kept as a candidate: dropping re-forms the DP's units, which may serve
         # the others worse than the old units with the hopeless requests taken out.
-        hopeless = {r.id for r in live if now_ms + d.solo_ms(r.app, r.position) > r.deadline_ms}
+        alone_ms = {r.id: now_ms + d.solo_ms(r.app, r.position) for r in live}
+        hopeless = {r.id for r in live if alone_ms[r.id] > r.deadline_ms}
         actions: list[Action] = []
         if hopeless:
             actions = _without(self._actions(state, live, now_ms, "time", memo), hopeless)
-            drops = drops + [Drop(rid, HOPELESS) for rid in sorted(hopeless)]
+            drops = drops + [Drop(rid, HOPELESS, alone_ms[rid]) for rid in sorted(hopeless)]
             live = [r for r in live if r.id not in hopeless]
         planned = {r.id for r in live[: self.max_active]}
         multi_app = len({r.app for r in live[: self.max_active]}) > 1
         predicted_late: list[Request] = []
+        predicted_ms: dict[str, float] = {}  # when the round that found it late would finish it
         while True:
             late, actions, completion = self._fewest_late(
                 state, live, planned, now_ms, memo, multi_app, actions
@@ -137,6 +139,7 @@ class DPScheduler:
                 break
             gone = set(late)
             predicted_late += [r for r in live if r.id in gone]
+            predicted_ms.update((rid, completion[rid]) for rid in late)
             live = [r for r in live if r.id not in gone]
             actions = _without(actions, gone)
         # a round drops every request its plan leaves late, and those, while they ran, delayed
@@ -154,7 +157,7 @@ class DPScheduler:
                     refused = 0
                     continue
                 refused += 1
-            drops = [*drops, Drop(r.id, PREDICTED_LATE)]
+            drops = [*drops, Drop(r.id, PREDICTED_LATE, predicted_ms[r.id])]
         return finish_plan(
             state,
             now_ms,
