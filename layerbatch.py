@@ -966,6 +966,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         return bar.update
 
     apps = [a.strip() for a in ns.apps.split(",") if a.strip()] if ns.apps else list(DEFAULT_APPS)
+    check_port_free(ns.host, ns.port)  # before the models load, which takes a while
     print(f"loading {', '.join(apps)} ...", file=sys.stderr)
     threads = ns.threads or max(1, ((os.cpu_count() or 2) - 1) // ns.replicas)
     runtime = build_runtime(
@@ -985,11 +986,40 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         f"layerbatch serving {', '.join(apps)} with {ns.policy} ({on}) on http://{ns.host}:{ns.port}",
         file=sys.stderr,
     )
-    web.run_app(
-        make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
-        print=None, shutdown_timeout=30.0,
-    )  # fmt: skip
+    try:
+        web.run_app(
+            make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
+            print=None, shutdown_timeout=30.0,
+        )  # fmt: skip
+    except OSError as exc:  # taken since the check above
+        raise UsageError(port_refused(ns.host, ns.port, exc)) from None
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises UsageError, in one sentence, when the server could not listen on host:port."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            s.bind(addr)
+    except OSError as exc:
+        raise UsageError(port_refused(host, port, exc)) from None
+
+
+def port_refused(host: str, port: int, exc: OSError) -> str:
+    import errno
+
+    reason = (exc.strerror or str(exc)).lower()
+    if exc.errno == errno.EADDRINUSE:
+        reason += ": another server listens there; pick another --port"
+    return (
+        f"layerbatch serve: --host {host} --port {port}: expected an address this machine can "
+        f"listen on, got {reason}"
+    )
 
 
 def cmd_client(ns: argparse.Namespace) -> int:

@@ -784,3 +784,23 @@ def test_bad_max_batch_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None
     argv = ["sim", "--profile", GOOGLENET_NAME, "--max-batch", "0", "--requests", "5"]
     code, out, err = run_main(capsys, *argv)
     assert_one_line_error(code, out, err, ["--max-batch"])
+
+
+def test_serve_on_a_port_another_server_holds_says_so_in_one_line_before_loading(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = int(held.getsockname()[1])
+        code = layerbatch.main(["serve", "--apps", "resnet18", "--host", "127.0.0.1",
+                                "--port", str(port)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (
+        f"layerbatch serve: --host 127.0.0.1 --port {port}: expected an address this machine can "
+        "listen on, got address already in use: another server listens there; pick another "
+        "--port\n"
+    )  # nothing loaded: no "loading resnet18 ..."

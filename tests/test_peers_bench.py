@@ -647,3 +647,39 @@ def test_a_server_that_exits_while_starting_is_started_again_then_given_up_on(
     assert capsys.readouterr().out.count("while starting") == 1
     assert len(list(tmp_path.glob("layerbatch-resnet18-*.log"))) == 2
     assert bench.checks == {}
+
+
+def test_a_server_that_exits_while_starting_once_is_started_again_and_comes_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Bench.start`'s first start finds its port taken (a socket listens there) and exits; the
+    second, on a free port, comes up and answers: the retry is said once, each start has its
+    log, and the server is recorded as up after two starts."""
+    import socket
+
+    import bench.peers as peers
+    from tests.server_cases import CIFAR, small_jpeg
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = [int(held.getsockname()[1])]
+        real_free_port = peers.free_port
+        monkeypatch.setattr(
+            peers, "free_port", lambda span=3: taken.pop() if taken else real_free_port(span)
+        )
+        st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path)
+        bench = Bench(st, [small_jpeg(0)], np.zeros(1))
+
+        async def start_and_stop() -> None:
+            load = await bench.start("layerbatch", CIFAR, Knobs(), 1000.0, tries=2)
+            await bench.stop(load)
+
+        asyncio.run(start_and_stop())
+    out = capsys.readouterr().out
+    assert out.count("while starting") == 1 and "ready in" in out
+    logs = sorted(tmp_path.glob(f"layerbatch-{CIFAR}-*.log"), key=lambda p: p.stat().st_mtime)
+    assert len(logs) == 2
+    assert "address already in use" in logs[0].read_text()  # in one line, no traceback
+    assert "Traceback" not in logs[0].read_text()
+    assert bench.checks[CIFAR]["layerbatch"]["starts"] == 2
