@@ -8,9 +8,11 @@ command with one line naming it and exit status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -991,15 +993,18 @@ def cmd_serve(ns: argparse.Namespace) -> int:
             make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
             print=None, shutdown_timeout=30.0,
         )  # fmt: skip
-    except OSError as exc:  # taken since the check above
-        raise UsageError(port_refused(ns.host, ns.port, exc)) from None
+    except OSError as exc:
+        if exc.errno not in BIND_ERRORS:  # not the address: a fault to see whole
+            raise
+        raise UsageError(port_refused(ns.host, ns.port, exc)) from None  # taken since the check
     return 0
+
+
+BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)  # what binding can refuse
 
 
 def check_port_free(host: str, port: int) -> None:
     """Raises UsageError, in one sentence, when the server could not listen on host:port."""
-    import socket
-
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, addr = infos[0]
@@ -1011,8 +1016,6 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def port_refused(host: str, port: int, exc: OSError) -> str:
-    import errno
-
     reason = (exc.strerror or str(exc)).lower()
     if exc.errno == errno.EADDRINUSE:
         reason += ": another server listens there; pick another --port"
