@@ -59,6 +59,8 @@ def main() -> None:
                 f"inference_address=http://127.0.0.1:{args.port}",
                 f"management_address=http://127.0.0.1:{mgmt}",
                 f"metrics_address=http://127.0.0.1:{args.port + 2}",
+                f"grpc_inference_port={args.port + 3}",
+                f"grpc_management_port={args.port + 4}",
                 f"default_workers_per_model={args.workers}",
                 f"job_queue_size={args.queue}",
                 "disable_system_metrics=true",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import signal
 import struct
 import subprocess
@@ -42,9 +43,11 @@ from bench.peers import (
     poisson_arrivals_s,
     proc_stat,
     profile_breakdown,
+    runner_up,
     server_command,
     session_cpu_s,
     session_pids,
+    settled,
     signal_session,
     speed_warning,
     summarize,
@@ -224,6 +227,62 @@ def test_table_ratio_is_layerbatch_over_the_best_peer() -> None:
 def test_best_knobs_by_capacity_then_how_close_it_came() -> None:
     caps = {Knobs(4, 5.0): (10.0, 0.5), Knobs(8, 5.0): (12.0, 0.2), Knobs(8, 20.0): (12.0, 0.8)}
     assert best_knobs(caps) == Knobs(8, 20.0)
+
+
+def test_the_runner_up_is_second_in_the_tunings_order_and_pairs_settle_between_them() -> None:
+    a, b, c = Knobs(4, 5.0), Knobs(8, 5.0), Knobs(8, 20.0)
+    caps = {a: (10.0, 0.5), b: (12.0, 0.2), c: (12.0, 0.8)}
+    assert (best_knobs(caps), runner_up(caps)) == (c, b)
+    assert runner_up({a: (10.0, 0.5), b: (10.0, 0.5)}) == b  # a tie keeps the grid's order
+    assert best_knobs({a: (10.0, 0.5), b: (10.0, 0.5)}) == a
+    assert runner_up({a: (10.0, 0.5)}) is None  # one knob: nothing to settle
+    assert runner_up({a: (0.0, 0.3), b: (0.0, 0.1)}) is None  # neither ever held 0.9
+    assert settled(c, b, {c: [0.9, 0.8, 0.85], b: [0.95, 0.9, 0.8]}) == b
+    assert settled(c, b, {c: [0.9, 0.8], b: [0.8, 0.9]}) == c  # a tie: the tuning's pick
+    with pytest.raises(SystemExit, match="--settle-pairs: expected 0 or more, got -1"):
+        parse_args(["--quick", "--settle-pairs", "-1"])
+
+
+def test_settling_measures_the_pick_and_its_runner_up_in_turn_on_the_same_arrivals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Bench.settle` starts both, then in each pair measures each alone on that pair's
+    arrivals, the order alternating, and keeps the one with more on time; with settling off or
+    nothing to settle against it returns the tuning's pick without starting anything."""
+    import bench.peers as peers
+    from tests.server_cases import CIFAR, small_jpeg
+
+    monkeypatch.setattr(peers, "WARM_LOAD_S", 0.5)
+    st = dataclasses.replace(
+        parse_args(["--quick"]),
+        logdir=tmp_path,
+        settle_pairs=2,
+        tune_duration_s=1.0,
+        min_requests=10,
+        models=[CIFAR],
+    )
+    bench = Bench(st, [small_jpeg(i) for i in range(3)], np.zeros(2))
+    one, two = Knobs(workers=1), Knobs(workers=2)
+    caps = {one: (10.0, 0.5), two: (8.0, 0.7)}
+    chosen = asyncio.run(bench.settle("layerbatch", CIFAR, (1000.0, "poisson"), caps, 1000.0))
+    (record,) = bench.settled
+    on_time = record["on_time"]
+    assert record["tuning_pick"] == "default" and record["rate_rps"] == 10.0
+    assert len(on_time["default"]) == len(on_time["2 replicas"]) == 2
+    assert all(0.0 <= x <= 1.0 for x in on_time["default"] + on_time["2 replicas"])
+    assert chosen == settled(one, two, {one: on_time["default"], two: on_time["2 replicas"]})
+    assert record["knobs"] == chosen.label
+    out = capsys.readouterr().out
+    pairs = [m.groups() for m in re.finditer(r"layerbatch +(.+?) +pair (\d)", out)]
+    assert pairs == [("default", "0"), ("2 replicas", "0"), ("2 replicas", "1"), ("default", "1")]
+    assert f"{chosen.label} in pairs" in out
+
+    def settle(b: Bench, caps: dict[Knobs, tuple[float, float]]) -> Knobs:
+        return asyncio.run(b.settle("layerbatch", CIFAR, (1000.0, "poisson"), caps, 1000.0))
+
+    assert settle(Bench(dataclasses.replace(st, settle_pairs=0), [], np.zeros(2)), caps) == one
+    assert settle(bench, {two: (8.0, 0.7)}) == two
+    assert len(bench.settled) == 1 and len(list(tmp_path.glob("*.log"))) == 2
 
 
 def test_triton_body_is_kserve_v2_with_a_binary_bytes_element() -> None:
