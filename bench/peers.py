@@ -800,7 +800,7 @@ class Settings:
     pause_idle: bool = True
     report: list[Path] = field(default_factory=list)
     step_log: bool = False
-    settle_pairs: int = 0
+    settle_pairs: int = SETTLE_PAIRS
 
 
 def arrivals_for(
@@ -1358,11 +1358,12 @@ async def interleaved(
                     others = {n: x for n, x in loads.items() if n != server}
                     s = await bench.alone(loads[server], others, arr, dur, deadline)
                     runs[server].setdefault(f"{rate:g}", []).append(s)
+                    others_cpu_s = sum(s["others_cpu_s"].values())
                     print(
                         f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
                         f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
                         f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} "
-                        f"timeouts {s['timeouts']} others' CPU {sum(s['others_cpu_s'].values()):.1f} s "
+                        f"timeouts {s['timeouts']} others' CPU {others_cpu_s:.1f} s "
                         f"client {s['client_cpu_share']:.0%} of a core"
                         + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else ""),
                         flush=True,

@@ -725,7 +725,7 @@ def test_a_server_that_exits_while_starting_once_is_started_again_and_comes_up(
         taken = [int(held.getsockname()[1])]
         real_free_port = peers.free_port
         monkeypatch.setattr(
-            peers, "free_port", lambda span=3: taken.pop() if taken else real_free_port(span)
+            peers, "free_port", lambda span=5: taken.pop() if taken else real_free_port(span)
         )
         st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path)
         bench = Bench(st, [small_jpeg(0)], np.zeros(1))
