@@ -14,7 +14,9 @@ their difference.
 
 `--against HEAD` measures the harness itself (an A/A run): the same code on both sides. On a
 2-core machine, mobilenet_v2 at 300 ms and 125 req/s, single pairs differed by up to 0.05 and
-three pairs' means by 0.003 (`bench/results/peers-log.md`, session 37).
+three pairs' means by 0.003 (`bench/results/peers-log.md`, session 37). `--policy` and
+`--against-policy` set each side's `--policy`: `--against HEAD --policy dynamic --against-policy
+dp-tardy` measures one policy against another on the same code.
 
     .venv/bin/python bench/server_ab.py --against fb54789 --model mobilenet_v2 \\
         --deadline-ms 1000 --rate 150 --pairs 3
@@ -51,6 +53,7 @@ from bench.peers import (
 )
 from bench.peers_busy import busy_shares
 from client.frames import jpeg, video_frames
+from scheduler.policies import POLICIES
 
 
 @contextmanager
@@ -76,11 +79,16 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
     frames = [jpeg(f) for f in video_frames(limit=40, every=10)]
     trace = load_timestamps(AZURE_TRACE) if args.arrivals == "azure" else np.empty(0)
     logs = Path(args.logdir)
-    roots = {"this checkout": ROOT, args.against: other}  # a git revision has no spaces
-    replicas = {"this checkout": args.replicas, args.against: args.against_replicas}
-    runs = {n: Running("layerbatch", args.model, Knobs(workers=replicas[n]), args.deadline_ms,
-                       logs, root=r)
-            for n, r in roots.items()}  # fmt: skip
+    # (name, checkout, replicas, policy); a git revision has no spaces
+    sides = [
+        ("this checkout", ROOT, args.replicas, args.policy),
+        (args.against, other, args.against_replicas, args.against_policy),
+    ]
+    if args.policy != args.against_policy:
+        sides = [(f"{n} ({p})", r, k, p) for n, r, k, p in sides]
+    runs = {n: Running("layerbatch", args.model, Knobs(workers=k), args.deadline_ms, logs, p,
+                       root=r)
+            for n, r, k, p in sides}  # fmt: skip
     loads = {n: Load(r, frames, args.deadline_ms) for n, r in runs.items()}
     give_up_s = args.deadline_ms / 1000.0
     out: dict[str, list[dict[str, Any]]] = {n: [] for n in runs}
@@ -146,6 +154,15 @@ def main() -> None:
         "existed takes only 1); `--against HEAD --replicas 2 --against-replicas 1` measures "
         "replicas against one runtime",
     )
+    ap.add_argument(
+        "--policy", choices=POLICIES, default="dp-tardy", help="this checkout's --policy"
+    )
+    ap.add_argument(
+        "--against-policy",
+        choices=POLICIES,
+        help="the revision's --policy (default: --policy); `--against HEAD --policy dynamic "
+        "--against-policy dp-tardy` measures one policy against another on the same code",
+    )
     ap.add_argument("--seconds", type=float, default=20.0, help="per run, Poisson")
     ap.add_argument(
         "--requests", type=int, default=FULL_LOAD["min_requests"], help="per run, the trace"
@@ -155,6 +172,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.against_replicas is None:
         args.against_replicas = args.replicas
+    if args.against_policy is None:
+        args.against_policy = args.policy
     for flag in (
         "--rate",
         "--pairs",

@@ -39,3 +39,14 @@ def test_a_count_or_rate_that_is_not_positive_is_refused(
     monkeypatch.setattr(sys, "argv", ["server_ab.py", "--against", "HEAD", flag, "0"])
     with pytest.raises(SystemExit, match=f"{flag}: expected a positive number, got 0"):
         main()
+
+
+@pytest.mark.parametrize("flag", ["--policy", "--against-policy"])
+def test_a_policy_the_server_does_not_have_is_refused_with_the_choices(
+    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["server_ab.py", "--against", "HEAD", flag, "fifo"])
+    with pytest.raises(SystemExit):
+        main()
+    err = capsys.readouterr().err
+    assert f"argument {flag}: invalid choice: 'fifo'" in err and "'dp-tardy'" in err
