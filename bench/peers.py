@@ -815,6 +815,45 @@ def arrivals_for(
     return trace_arrivals_s(trace, rate, max(2, count))
 
 
+async def measure_alone(
+    load: Load,
+    others: Mapping[str, Load],
+    arrivals_s: np.ndarray,
+    duration_s: float,
+    deadline_ms: float,
+    pause: bool = True,
+) -> dict[str, Any]:
+    """`load`'s server serves `arrivals_s` while `others` (servers up beside it) are idle, and
+    stopped (SIGSTOP) with `pause`; its summary, with the CPU seconds each other server used
+    meanwhile ("others_cpu_s"), the client's share of a core and, where the server says, its
+    busy shares. The interleaved runs, the tuning's settling and `bench/server_ab.py` all measure
+    a server this way."""
+    runs = {n: x.run for n, x in others.items()}
+    await load.quiesce()  # e.g. timers it missed while paused
+    cpu0_s = {n: r.cpu_s() for n, r in runs.items()}
+    try:
+        if pause:
+            for r in runs.values():
+                r.pause(True)
+        busy0, t0_s = await load.busy(), time.monotonic()
+        client0_s = time.process_time()
+        samples = await load.run_arrivals(arrivals_s, deadline_ms / 1000.0)
+        client_cpu_s = time.process_time() - client0_s
+        wall_ms = (time.monotonic() - t0_s) * 1000.0
+        busy1 = await load.busy()
+        await load.quiesce()
+        others_cpu_s = {n: r.cpu_s() - cpu0_s[n] for n, r in runs.items()}
+    finally:
+        for r in runs.values():
+            r.pause(False)
+    s = summarize(samples, deadline_ms, duration_s)
+    s["others_cpu_s"] = {n: round(v, 2) for n, v in others_cpu_s.items()}
+    s["client_cpu_share"] = round(client_cpu_s * 1000.0 / wall_ms, 4)
+    if busy0 is not None and busy1 is not None:
+        s["busy_share"] = busy_shares(busy0, busy1, wall_ms)
+    return s
+
+
 class Bench:
     def __init__(self, st: Settings, frames: list[bytes], trace: np.ndarray) -> None:
         self.st, self.frames, self.trace = st, frames, trace
@@ -939,34 +978,10 @@ class Bench:
         duration_s: float,
         deadline_ms: float,
     ) -> dict[str, Any]:
-        """`load`'s server serves `arrivals_s` while `others` (servers up beside it) are idle,
-        and stopped (SIGSTOP) when `st.pause_idle`; its summary, with the CPU seconds each other
-        server used meanwhile ("others_cpu_s"), the client's share of a core and, where the
-        server says, its busy shares."""
-        runs = {n: x.run for n, x in others.items()}
-        await load.quiesce()  # e.g. timers it missed while paused
-        cpu0_s = {n: r.cpu_s() for n, r in runs.items()}
-        try:
-            if self.st.pause_idle:
-                for r in runs.values():
-                    r.pause(True)
-            busy0, t0_s = await load.busy(), time.monotonic()
-            client0_s = time.process_time()
-            samples = await load.run_arrivals(arrivals_s, deadline_ms / 1000.0)
-            client_cpu_s = time.process_time() - client0_s
-            wall_ms = (time.monotonic() - t0_s) * 1000.0
-            busy1 = await load.busy()
-            await load.quiesce()
-            others_cpu_s = {n: r.cpu_s() - cpu0_s[n] for n, r in runs.items()}
-        finally:
-            for r in runs.values():
-                r.pause(False)
-        s = summarize(samples, deadline_ms, duration_s)
-        s["others_cpu_s"] = {n: round(v, 2) for n, v in others_cpu_s.items()}
-        s["client_cpu_share"] = round(client_cpu_s * 1000.0 / wall_ms, 4)
-        if busy0 is not None and busy1 is not None:
-            s["busy_share"] = busy_shares(busy0, busy1, wall_ms)
-        return s
+        """`measure_alone`, the others stopped when `st.pause_idle`."""
+        return await measure_alone(
+            load, others, arrivals_s, duration_s, deadline_ms, self.st.pause_idle
+        )
 
     async def settle(
         self,

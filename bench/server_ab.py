@@ -4,9 +4,10 @@ A change to the server is worth keeping when it serves more requests on time und
 on the same machine; on these shared machines a server's on-time ratio moves by several points
 from one run to the next, so one run before and one after say little. This starts both servers
 at once (the revision checked out into a temporary git worktree, run with this checkout's venv),
-stops (SIGSTOP) the one not being measured, and alternates them over `--pairs` pairs of
-`--seconds` of Poisson arrivals (the same arrivals for both within a pair, the first of each pair
-alternating), as `bench/peers.py` sends them; with `--arrivals azure`, every run sends the Azure
+stops (SIGSTOP) the one not being measured (`measure_alone`, as `bench/peers.py` measures every
+server), and alternates them over `--pairs` pairs of `--seconds` of Poisson arrivals (the same
+arrivals for both within a pair, the first of each pair alternating), as `bench/peers.py` sends
+them; with `--arrivals azure`, every run sends the Azure
 code trace's first `--requests` arrivals rescaled to the rate, as `bench/peers.py --arrivals
 azure` does. It prints each run's on-time ratio, drops, timeouts and where the server's time
 went (`bench/peers_busy.py`: steps, decodes, hand-offs, planning), then both sides' means and
@@ -29,7 +30,6 @@ import asyncio
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,10 +48,9 @@ from bench.peers import (
     Load,
     Running,
     arrivals_for,
+    measure_alone,
     poisson_arrivals_s,
-    summarize,
 )
-from bench.peers_busy import busy_shares
 from client.frames import jpeg, video_frames
 from scheduler.policies import POLICIES
 
@@ -105,25 +104,17 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
             )
             duration_s = float(arrivals[-1]) if args.arrivals == "azure" else args.seconds
             for name in order:
-                for n, run in runs.items():
-                    run.pause(n != name)
-                await asyncio.sleep(2.0)
-                load = loads[name]
-                before, t0 = await load.busy(), time.monotonic()
-                samples = await load.run_arrivals(arrivals, give_up_s)
-                wall_ms = (time.monotonic() - t0) * 1000.0
-                after = await load.busy()
-                row = summarize(samples, args.deadline_ms, duration_s)
-                assert before is not None and after is not None
-                row["busy_share"] = busy_shares(before, after, wall_ms)
+                others = {n: x for n, x in loads.items() if n != name}
+                row = await measure_alone(
+                    loads[name], others, arrivals, duration_s, args.deadline_ms
+                )
                 out[name].append(row)
-                shares = " ".join(f"{k} {v:.3f}" for k, v in row["busy_share"].items())
+                shares = " ".join(f"{k} {v:.3f}" for k, v in row.get("busy_share", {}).items())
                 print(
                     f"pair {i} {name:>10}: on time {row['on_time_ratio']:.3f}, dropped "
                     f"{row['dropped']}, timeouts {row['timeouts']}; {shares}",
                     flush=True,
                 )
-                await load.quiesce()
     finally:
         for load in loads.values():
             await load.close()
