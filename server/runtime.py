@@ -681,6 +681,10 @@ class Runtime:
         total = now - r.arrival_ms
         on_time = status == "ok" and now <= r.deadline_ms
         self.metrics.answer(r.app, status, total if status == "ok" else None, on_time)
+        if status == "ok" and self.step_log is not None:
+            self.step_log.answer(
+                now - self.started_ms, rid, r.app, total, r.deadline_ms - now, self.replica
+            )
         doc: dict[str, Any] = {"request_id": rid, "status": status}
         if reason is not None:
             doc["reason"] = reason

@@ -20,10 +20,16 @@ A request a plan drops gets a line of its own when it is answered:
 
 `waited_ms` is how long it had been queued, `left_ms` how long was left to its deadline, and
 `late_by_ms` how late the plan that dropped it predicted it would finish had it been kept
-(null where it made no prediction: a deadline already passed). A server of several
-replicas (`--replicas`) writes them all to one log, each line with its `replica` (0, 1, ...);
-`t_ms` counts from when that replica started. Lines are written as
-steps are settled, one write each, so a server that is killed loses none that it had settled.
+(null where it made no prediction: a deadline already passed). A request served gets one
+when its answer is sent:
+
+    {"t_ms": 8131.7, "answer": "r513", "app": "googlenet", "total_ms": 305.2, "left_ms": -5.2}
+
+`total_ms` is its time in the server, from when its handler had read it, and `left_ms` how long
+was left to its deadline then (negative: answered late by the server's own clock). A server of
+several replicas (`--replicas`) writes them all to one log, each line with its `replica` (0, 1,
+...); `t_ms` counts from when that replica started. Lines are written as steps are settled and
+requests answered, one write each, so a server that is killed loses none that it had written.
 
 `bench/step_replay.py` replays such a log on an otherwise idle machine, to tell what the steps
 cost alone from what they cost while serving.
@@ -39,8 +45,8 @@ from scheduler.errors import InputError
 
 
 class StepLog:
-    """Appends one line per step, and one per dropped request, to `path` (created or truncated
-    when opened)."""
+    """Appends one line per step, one per dropped request and one per request served, to `path`
+    (created or truncated when opened)."""
 
     def __init__(self, path: Path) -> None:
         try:
@@ -85,6 +91,20 @@ class StepLog:
         self._line({
             "t_ms": round(t_ms, 3), "drop": request_id, "app": app, "reason": reason,
             "waited_ms": round(waited_ms, 3), "left_ms": round(left_ms, 3), "late_by_ms": late,
+        }, replica)  # fmt: skip
+
+    def answer(
+        self,
+        t_ms: float,
+        request_id: str,
+        app: str,
+        total_ms: float,
+        left_ms: float,
+        replica: int | None = None,
+    ) -> None:
+        self._line({
+            "t_ms": round(t_ms, 3), "answer": request_id, "app": app,
+            "total_ms": round(total_ms, 3), "left_ms": round(left_ms, 3),
         }, replica)  # fmt: skip
 
     def _line(self, line: dict[str, object], replica: int | None) -> None:

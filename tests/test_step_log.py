@@ -17,7 +17,7 @@ from scheduler.errors import InputError
 from scheduler.profile import scaled_stages
 from server.build import build_runtime
 from server.step_log import StepLog
-from tests.server_cases import CIFAR, infer, infer_doc, serve, small_jpeg
+from tests.server_cases import CIFAR, LONG_DEADLINE_MS, infer, infer_doc, serve, small_jpeg
 
 
 def line(**over: Any) -> str:
@@ -32,12 +32,13 @@ def drop_line(**over: Any) -> str:
     return json.dumps({**d, **over})
 
 
-def test_every_step_and_drop_is_written_as_it_happened(tmp_path: Path) -> None:
+def test_every_step_drop_and_answer_is_written_as_it_happened(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "s.jsonl")
     log.write("step", 5.0, CIFAR, 2, 0, 4, 0.1, 0.0, True)  # cancelled before its first stage
     log.write("stacked", 6.25, CIFAR, 2, 3, 4, 2.5, 2.25, False)
     log.drop(7.5, "r9", CIFAR, "too late", 12.0, 30.0, 4.5, replica=1)
     log.drop(8.0, "r10", CIFAR, "expired", 40.0, 0.0, None)
+    log.answer(9.125, "r11", CIFAR, 305.25, -5.25, replica=0)
     log.close()
     lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert lines == [
@@ -49,6 +50,8 @@ def test_every_step_and_drop_is_written_as_it_happened(tmp_path: Path) -> None:
          "left_ms": 30.0, "late_by_ms": 4.5, "replica": 1},
         {"t_ms": 8.0, "drop": "r10", "app": CIFAR, "reason": "expired", "waited_ms": 40.0,
          "left_ms": 0.0, "late_by_ms": None},
+        {"t_ms": 9.125, "answer": "r11", "app": CIFAR, "total_ms": 305.25, "left_ms": -5.25,
+         "replica": 0},
     ]  # fmt: skip
 
 
@@ -82,8 +85,18 @@ async def test_the_server_logs_every_step_it_ran(aiohttp_client: Any, tmp_path: 
     for i, (status, answer) in enumerate(answers):
         assert status == 200
         assert (answer["status"], answer["request_id"]) == ("ok", f"r{i}")
-    steps = [json.loads(x) for x in path.read_text().splitlines()]
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    steps = [d for d in lines if "lane" in d]
     assert steps and {s["lane"] for s in steps} == {"step"}
+    # one line for each request served, with the server's own timing in its answer
+    served = {d["answer"]: d for d in lines if "answer" in d}
+    assert len(served) + len(steps) == len(lines)
+    for _, answer in answers:
+        d = served[answer["request_id"]]
+        assert d["app"] == CIFAR
+        assert d["total_ms"] == pytest.approx(answer["timing"]["total_ms"], abs=1e-2)
+        assert d["left_ms"] == pytest.approx(LONG_DEADLINE_MS - d["total_ms"], abs=1e-2)
+        assert (d["left_ms"] >= 0) == answer["on_time"]
     assert {s["model"] for s in steps} == {CIFAR}
     # every request went through every stage: the stage-samples add up
     n_stages = runtime.deployment.profiles[CIFAR].num_stages
@@ -136,7 +149,10 @@ async def test_the_server_logs_a_request_it_drops_with_how_late_it_would_have_be
 def test_replay_reads_only_uncancelled_steps_of_the_executor_thread(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lines = [line(), line(lane="stacked"), line(cancelled=True), line(stages=0), line(batch=0)]
-    path.write_text("\n".join([*lines, drop_line(), line(first_stage=3)]))
+    answer = json.dumps(
+        {"t_ms": 3.0, "answer": "r8", "app": CIFAR, "total_ms": 9.0, "left_ms": 1.0}
+    )
+    path.write_text("\n".join([*lines, drop_line(), answer, line(first_stage=3)]))
     assert read_steps(path) == [Step(CIFAR, 0, 3, 2, 1.5), Step(CIFAR, 3, 3, 2, 1.5)]
 
 
