@@ -7,11 +7,10 @@ at once (the revision checked out into a temporary git worktree, run with this c
 stops (SIGSTOP) the one not being measured (`measure_alone`, as `bench/peers.py` measures every
 server), and alternates them over `--pairs` pairs of `--seconds` of Poisson arrivals (the same
 arrivals for both within a pair, the first of each pair alternating), as `bench/peers.py` sends
-them; with `--arrivals azure`, every run sends the Azure
-code trace's first `--requests` arrivals rescaled to the rate, as `bench/peers.py --arrivals
-azure` does. It prints each run's on-time ratio, drops, timeouts and where the server's time
-went (`bench/peers_busy.py`: steps, decodes, hand-offs, planning), then both sides' means and
-their difference.
+them; with `--arrivals azure`, every run sends the Azure code trace's first `--requests` arrivals
+rescaled to the rate, as `bench/peers.py --arrivals azure` does. It prints each run's on-time
+ratio, drops, timeouts and where the server's time went (`bench/peers_busy.py`: steps, decodes,
+hand-offs, planning), then both sides' means and their difference.
 
 `--against HEAD` measures the harness itself (an A/A run): the same code on both sides. On a
 2-core machine, mobilenet_v2 at 300 ms and 125 req/s, single pairs differed by up to 0.05 and

@@ -55,8 +55,8 @@ class Step:
 
 def read_steps(path: Path) -> list[Step]:
     """The replayable steps of a step log ("step" lane, not cancelled, a stage and a request at
-    least), in order; its lines of requests dropped or served are passed over. Raises SystemExit naming
-    the line for a line that is not a step log's."""
+    least), in order; its lines of requests dropped or served are passed over. Raises SystemExit
+    naming the line for a line that is not a step log's."""
     steps = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:
