@@ -14,6 +14,7 @@ from layerexec import zoo
 from layerexec.allocator import keep_freed_memory, reserve_heap
 from layerexec.memory import batch_bound
 from layerexec.profiler import profile_model
+from layerexec.script import script_stages
 from layerexec.torch_thread import TorchThread
 from scheduler.deployment import (
     DEFAULT_GROUPS,
@@ -78,6 +79,7 @@ def build_runtime(
     step_log: Path | None = None,
     min_group_ms: float = DEFAULT_MIN_GROUP_MS,
     replicas: int = 1,
+    script: bool = True,
 ) -> Runtime | Replicas:
     """A runtime serving each named model as an app of its own name (batch norms folded into
     the convolutions before them unless `fold_batch_norm` is False: `zoo.load_model`). Freed
@@ -89,7 +91,8 @@ def build_runtime(
     With `replicas` > 1, that many runtimes behind one `Replicas` (`server.replicas`), each on
     an executor thread of its own with `threads` torch threads, the weights loaded once; each
     decodes on a thread of its own when its torch runs on one thread (a decode beside it costs
-    just its own time) or when cores are left over, else on its executor thread."""
+    just its own time) or when cores are left over, else on its executor thread. With `script`
+    (the default), each stage runs as TorchScript, without the GIL (`layerexec.script`)."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -111,6 +114,8 @@ def build_runtime(
     def load() -> tuple[dict[str, zoo.StagedModel], Deployment]:  # on the first thread
         models = zoo.load_models(apps, fold_batch_norm=fold_batch_norm)
         profiles = [_profile(m, profiles_dir, progress, memory_mb) for m in models.values()]
+        if script:  # after profiling, which walks the eager stages' graphs for their memory
+            models = {n: script_stages(m, channels_last=True) for n, m in models.items()}
         per_model = groups_by_duration(profiles, groups, min_group_ms)
         return models, Deployment(profiles, [App(m, (m,)) for m in models], groups=per_model)
 

@@ -111,14 +111,16 @@ def build(
     policy: str = "dp-tardy",
     max_queued: int = 1000,
     decode_threads: int = 1,
+    script: bool = False,
 ) -> Runtime:
     """A runtime over the bundled CPU profiles, one torch thread, calibration off (see above),
     one decode thread (so that a test holding the executor can still have inputs decoded, on a
     machine of any size), and 5 layer groups for every model, resnet20 too (no floor on a
-    group's time, `min_group_ms=0`): the tests follow requests through continued steps."""
+    group's time, `min_group_ms=0`): the tests follow requests through continued steps. Its
+    stages are eager unless `script` (TorchScript takes no hooks, and a `StageGate` is one)."""
     runtime = build_runtime(
         list(apps), policy=policy, threads=1, max_queued=max_queued,
-        decode_threads=decode_threads, min_group_ms=0.0,
+        decode_threads=decode_threads, min_group_ms=0.0, script=script,
     )  # fmt: skip
     runtime.calibrate = False
     return runtime

@@ -19,6 +19,7 @@ import torch
 from aiohttp import WSMsgType
 
 from layerexec.features import decode_features
+from layerexec.script import scripted_count
 from scheduler.engine import Engine
 from scheduler.policies import make_policy
 from scheduler.state import SchedulerState
@@ -83,9 +84,15 @@ def top5(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 # --- /v1/infer ----------------------------------------------------------------------------------
 @pytest.mark.asyncio
-async def test_infer_msgpack_classifies_a_real_photo_as_cat(aiohttp_client: Any) -> None:
+@pytest.mark.parametrize("script", [False, True], ids=["eager", "scripted"])
+async def test_infer_msgpack_classifies_a_real_photo_as_cat(
+    aiohttp_client: Any, script: bool
+) -> None:
     rgb = shared_rgb("skimage_chelsea.png")
-    runtime = build()
+    runtime = build(script=script)
+    assert scripted_count(runtime.models[CIFAR]) == (
+        len(runtime.models[CIFAR].stages) if script else 0
+    )
     client = await serve(aiohttp_client, runtime)
     status, answer, headers = await post(
         client, packb(infer_doc(jpeg(rgb), request_id="chelsea", client_id="phone-1"))

@@ -34,10 +34,11 @@ pytestmark = pytest.mark.usefixtures("restore_process_globals")
 
 
 def build_replicas(n: int = 2, max_queued: int = 1000, step_log: Path | None = None) -> Replicas:
-    """`n` replicas of one torch thread each, as `tests.server_cases.build` makes one runtime."""
+    """`n` replicas of one torch thread each, as `tests.server_cases.build` makes one runtime
+    (eager stages, for the `StageGate`s)."""
     served = build_runtime(
         [CIFAR], threads=1, max_queued=max_queued, decode_threads=1, min_group_ms=0.0,
-        replicas=n, step_log=step_log,
+        replicas=n, step_log=step_log, script=False,
     )  # fmt: skip
     assert isinstance(served, Replicas)
     for r in served.runtimes:
