@@ -90,8 +90,9 @@ def build_runtime(
     its groups would take less than `min_group_ms` each at batch 1 (`groups_by_duration`).
     With `replicas` > 1, that many runtimes behind one `Replicas` (`server.replicas`), each on
     an executor thread of its own with `threads` torch threads, the weights loaded once; each
-    decodes on a thread of its own when its torch runs on one thread (a decode beside it costs
-    just its own time) or when cores are left over, else on its executor thread. With `script`
+    decodes on a thread of its own when cores are left over, else on its executor thread between
+    steps (on a thread of its own beside two one-thread lanes on two cores, the decodes took the
+    lanes' cores in a burst: 0.021 less on time over 18 pairs, `bench/results/peers-log.md`). With `script`
     (the default), each stage runs as TorchScript, without the GIL (`layerexec.script`)."""
     keep_freed_memory()
     if threads is not None:
@@ -104,8 +105,7 @@ def build_runtime(
     if replicas < 1:
         raise InputError("--replicas", "", "a positive number of replicas", replicas)
     if replicas > 1 and decode_threads is None:
-        per = torch.get_num_threads()
-        decode_threads = spare_cores(replicas * per) or (1 if per == 1 else 0)
+        decode_threads = spare_cores(replicas * torch.get_num_threads())
     log = None if step_log is None else StepLog(step_log)  # a bad path fails before loading
     pool = [TorchThread(f"layerbatch-exec{i or ''}") for i in range(replicas)]
     metrics = Metrics()
