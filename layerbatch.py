@@ -191,8 +191,8 @@ def parser() -> argparse.ArgumentParser:
         "--no-script",
         dest="script",
         action="store_false",
-        help="run the stages as eager torch (default: each stage as TorchScript, which runs "
-        "without the GIL: 1.05-1.13x on two one-thread replicas while the event loop is busy)",
+        help="run the stages as eager torch (default: each stage as TorchScript, traced and "
+        "frozen at load, which takes the GIL back once a stage instead of after every op)",
     )
     srv.add_argument(
         "--min-group-ms",

@@ -6,6 +6,8 @@ of a burst, every one of those re-takes waits for the loop, and a one-thread lan
 slow down (two resnet18 lanes at batch 1 beside a loop holding the GIL 60% of the time: 1.13x
 the requests a second scripted, `bench/script_stages.py`).
 A traced and frozen stage runs all its ops in C++ with the GIL released, and takes it back once.
+On the server the loop holds the GIL far less than that: 0.008 more on time over 16 pairs of
+runs on two replicas (`bench/results/peers-log.md`, session 55).
 
 Each stage is traced on a batch of two in the layout it will run in, frozen (weights inlined as
 constants), and kept only if it computes what the eager stage does on a batch of three (so no

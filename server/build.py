@@ -91,9 +91,10 @@ def build_runtime(
     With `replicas` > 1, that many runtimes behind one `Replicas` (`server.replicas`), each on
     an executor thread of its own with `threads` torch threads, the weights loaded once; each
     decodes on a thread of its own when cores are left over, else on its executor thread between
-    steps (on a thread of its own beside two one-thread lanes on two cores, the decodes took the
-    lanes' cores in a burst: 0.021 less on time over 18 pairs, `bench/results/peers-log.md`). With `script`
-    (the default), each stage runs as TorchScript, without the GIL (`layerexec.script`)."""
+    steps (on threads of their own beside two one-thread lanes on two cores, the decodes took
+    the lanes' cores in a burst: 0.021 less on time over 18 pairs, `bench/results/peers-log.md`).
+    With `script` (the default), each stage runs as TorchScript, without the GIL between its ops
+    (`layerexec.script`)."""
     keep_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
