@@ -33,7 +33,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def _prepare(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+def prepare_input(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    """`x` on `device`, in channels-last layout if asked and it is a 4-d batch."""
     x = x.to(device)
     if channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -62,7 +63,7 @@ def profile_model(
     out_bytes = [0] * len(model.stages)
     with torch.inference_mode():
         for j, b in enumerate(batch_sizes):
-            x: Any = _prepare(
+            x: Any = prepare_input(
                 torch.rand(b, *model.spec.input_shape, generator=gen), dev, channels_last
             )
             for _ in range(warmup):
@@ -113,7 +114,9 @@ def stage_peaks(
 ) -> list[int]:
     """Activation peak per sample of every stage, measured at batch 2."""
     gen = torch.Generator().manual_seed(seed)
-    x: Any = _prepare(torch.rand(2, *model.spec.input_shape, generator=gen), device, channels_last)
+    x: Any = prepare_input(
+        torch.rand(2, *model.spec.input_shape, generator=gen), device, channels_last
+    )
     peaks = []
     for stage in model.stages:
         peak, x = peak_activation_bytes(stage, x)
@@ -158,8 +161,8 @@ def stacking_slowdown(
     CUDA stream of its own, as the executor stacks them (`Executor.run_stacked`)."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
-    xa = _prepare(torch.rand(batch, *a.spec.input_shape, generator=gen), dev, channels_last)
-    xb = _prepare(torch.rand(batch, *b.spec.input_shape, generator=gen), dev, channels_last)
+    xa = prepare_input(torch.rand(batch, *a.spec.input_shape, generator=gen), dev, channels_last)
+    xb = prepare_input(torch.rand(batch, *b.spec.input_shape, generator=gen), dev, channels_last)
     a.to(dev, channels_last)
     b.to(dev, channels_last)
 

@@ -23,6 +23,7 @@ import warnings
 import torch
 from torch import nn
 
+from layerexec.profiler import prepare_input
 from layerexec.zoo import StagedModel
 
 TOLERANCE = 1e-4  # max |scripted - eager|, relative to the eager output's max magnitude
@@ -51,10 +52,8 @@ def _scripted(
     stage: nn.Module, shape: tuple[int, ...], device: torch.device, channels_last: bool
 ) -> nn.Module:
     def example(n: int) -> torch.Tensor:
-        x = torch.rand(n, *shape, generator=torch.Generator().manual_seed(n)).to(device)
-        return (
-            x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x
-        )
+        x = torch.rand(n, *shape, generator=torch.Generator().manual_seed(n))
+        return prepare_input(x, device, channels_last)
 
     x2, x3 = example(2), example(3)
     try:
