@@ -978,10 +978,32 @@ class Bench:
         duration_s: float,
         deadline_ms: float,
     ) -> dict[str, Any]:
-        """`measure_alone`, the others stopped when `st.pause_idle`."""
-        return await measure_alone(
+        """`measure_alone`, the others stopped when `st.pause_idle`; the summary says
+        "server_exited" (its exit status) when the server died during it."""
+        s = await measure_alone(
             load, others, arrivals_s, duration_s, deadline_ms, self.st.pause_idle
         )
+        if load.run.proc.poll() is not None:
+            s["server_exited"] = load.run.proc.returncode
+        return s
+
+    async def revived(self, load: Load, rate: float, deadline_ms: float) -> Load:
+        """`load` while its server runs; once it has exited, a fresh start of the same server
+        and knobs, warmed up at `rate`, the exit said on stdout. (Triton's Python backend
+        crashed once under load in over a hundred runs, a segfault on its shared-memory lock;
+        the runs after it had measured a dead server as 0 on time, saying nothing.)"""
+        run = load.run
+        if run.proc.poll() is None:
+            return load
+        print(
+            f"  {run.server} exited ({run.proc.returncode}) while serving (log: {run.log}); "
+            "starting it again",
+            flush=True,
+        )
+        await self.stop(load)
+        fresh = await self.start(run.server, run.model, run.knobs, deadline_ms)
+        await self.warm([fresh], rate, deadline_ms)
+        return fresh
 
     async def settle(
         self,
@@ -1369,18 +1391,18 @@ async def interleaved(
             for rate in rates:
                 order = list(knobs) if rnd % 2 == 0 else list(reversed(knobs))
                 for server in order:
+                    revived = await bench.revived(loads[server], rate, deadline)
+                    if revived is not loads[server]:
+                        loads[server] = revived
+                        out.setdefault("restarts", {}).setdefault(server, []).append(
+                            {"round": rnd, "rps": rate}
+                        )
                     arr, dur = bench.arrivals(arrival, rate, False, st.seed + rnd)
                     others = {n: x for n, x in loads.items() if n != server}
                     s = await bench.alone(loads[server], others, arr, dur, deadline)
                     runs[server].setdefault(f"{rate:g}", []).append(s)
-                    others_cpu_s = sum(s["others_cpu_s"].values())
                     print(
-                        f"  round {rnd} {rate:>5.1f} req/s {server:<11} on-time "
-                        f"{s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
-                        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} "
-                        f"timeouts {s['timeouts']} others' CPU {others_cpu_s:.1f} s "
-                        f"client {s['client_cpu_share']:.0%} of a core"
-                        + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else ""),
+                        f"  round {rnd} {rate:>5.1f} req/s {server:<11} {round_line(s)}",
                         flush=True,
                     )
     finally:
@@ -1392,6 +1414,19 @@ async def interleaved(
     out["runs"] = runs
     out["mean_on_time"] = mean_on_time(runs)
     return out
+
+
+def round_line(s: Mapping[str, Any]) -> str:
+    """One measured round as `--interleave` prints it; errors and a server that died are said."""
+    return (
+        f"on-time {s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
+        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']} "
+        + (f"errors {s['errors']} " if s.get("errors") else "")
+        + (f"SERVER EXITED ({s['server_exited']}) " if "server_exited" in s else "")
+        + f"others' CPU {sum(s['others_cpu_s'].values()):.1f} s "
+        f"client {s['client_cpu_share']:.0%} of a core"
+        + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else "")
+    )
 
 
 def mean_on_time(runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:

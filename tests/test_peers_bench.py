@@ -43,6 +43,7 @@ from bench.peers import (
     poisson_arrivals_s,
     proc_stat,
     profile_breakdown,
+    round_line,
     runner_up,
     server_command,
     session_cpu_s,
@@ -742,3 +743,42 @@ def test_a_server_that_exits_while_starting_once_is_started_again_and_comes_up(
     assert "address already in use" in logs[0].read_text()  # in one line, no traceback
     assert "Traceback" not in logs[0].read_text()
     assert bench.checks[CIFAR]["layerbatch"]["starts"] == 2
+
+
+def test_a_server_that_dies_between_rounds_is_said_and_started_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`Bench.revived` keeps a running server's load; once its server has died (Triton's Python
+    backend once segfaulted under load, and the rounds after it measured a dead server as 0 on
+    time, saying nothing), it says so and returns a fresh start of the same server that answers."""
+    from tests.server_cases import CIFAR, small_jpeg
+
+    st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path)
+    bench = Bench(st, [small_jpeg(0)], np.zeros(1))
+
+    async def die_and_revive() -> tuple[bool, int | None, str]:
+        load = await bench.start("layerbatch", CIFAR, Knobs(), 1000.0)
+        kept = await bench.revived(load, 2.0, 1000.0) is load
+        signal_session(load.run.proc.pid, signal.SIGKILL)
+        load.run.proc.wait()
+        fresh = await bench.revived(load, 2.0, 1000.0)
+        try:
+            status, _, top1 = await fresh.one(0, 30.0)
+            return kept and fresh is not load, top1, status
+        finally:
+            await bench.stop(fresh)
+
+    kept_then_fresh, top1, status = asyncio.run(die_and_revive())
+    assert kept_then_fresh and status == "ok" and top1 is not None
+    out = capsys.readouterr().out
+    assert out.count("while serving") == 1 and out.count("ready in") == 2
+    assert len(list(tmp_path.glob(f"layerbatch-{CIFAR}-*.log"))) == 2
+
+
+def test_a_rounds_line_says_its_errors_and_a_server_that_died() -> None:
+    samples = [Sample(0.0, "ok", 10.0), Sample(0.1, "http-503", 1.0), Sample(0.2, "error", 1.0)]
+    s = summarize(samples, 300.0, 1.0) | {"others_cpu_s": {"triton": 0.3}, "client_cpu_share": 0.03}
+    assert "errors" not in round_line({**s, "errors": 0})
+    line = round_line({**s, "server_exited": -11})
+    assert line.startswith("on-time 0.333 ")
+    assert "errors 2 SERVER EXITED (-11) others' CPU 0.3 s client 3% of a core" in line
