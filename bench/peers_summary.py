@@ -134,7 +134,8 @@ def cell_of(
 
 def load_cells(path: Path, seed: int) -> list[Cell]:
     """Every cell of a cells file: {"cells": [{"runs": [file names in its folder], "note":
-    optional text}, ...]}. Raises ValueError with one sentence naming what is wrong."""
+    optional text, "history": optional text (what the note said of the cell's earlier runs, kept
+    with it but not printed)}, ...]}. Raises ValueError with one sentence naming what is wrong."""
     try:
         spec = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -150,8 +151,9 @@ def load_cells(path: Path, seed: int) -> list[Cell]:
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise ValueError(f'{path}: cell {i}: expected "runs", a list of run file names')
         note = entry.get("note", "")
-        if not isinstance(note, str):
-            raise ValueError(f'{path}: cell {i}: expected "note" to be text')
+        for key in ("note", "history"):
+            if not isinstance(entry.get(key, ""), str):
+                raise ValueError(f'{path}: cell {i}: expected "{key}" to be text')
         docs = [load_interleaved(path.parent / name) for name in names]
         cells.append(cell_of(docs, names, seed, note))
     return cells

@@ -113,6 +113,11 @@ def test_a_cells_runs_are_pooled_and_its_note_goes_under_the_table(tmp_path: Pat
         ('{"cells": [{"runs": ["a.json"]}]}', {"a.json": {"x": 1}}, "no runs by rate"),
         ('{"cells": [{"runs": ["a.json"], "note": 3}]}', {"a.json": None}, '"note" to be text'),
         (
+            '{"cells": [{"runs": ["a.json"], "history": []}]}',
+            {"a.json": None},
+            '"history" to be text',
+        ),
+        (
             '{"cells": [{"runs": ["a.json", "b.json"]}]}',
             {"a.json": None, "b.json": {"model": "googlenet"}},
             "measured googlenet at 300 ms",
