@@ -1367,7 +1367,8 @@ async def interleaved(
     WARM_LOAD_S of Poisson arrivals at the first rate, not measured: its first batches under
     load (kernels for new batch sizes, a JIT) must not count against that rate (TorchServe was
     0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The compute bound
-    is measured before and after (no server up then)."""
+    is measured before and after (no server up then). A server found dead before a measurement
+    is started again and warmed up (`Bench.revived`), each restart recorded under "restarts"."""
     model, deadline, arrival = st.models[0], st.deadlines[0], st.arrivals[0]
     bench = Bench(st, frames, trace)
     loads: dict[str, Load] = {}
