@@ -27,7 +27,11 @@ at the best's capacity in --settle-pairs pairs, and the one with more on time is
 each is noisy), at each deadline under each arrival process, and its best there is the one
 reported; Triton also rejects a request that has queued longer than the deadline
 (its queue policy), and Ray Serve takes up to 256 requests at once per replica
-(`max_ongoing_requests`), both of which only help them. layerbatch runs its defaults: dp-tardy,
+(`max_ongoing_requests`), both of which only help them. A server that dies in a search's run
+(Triton's Python backend segfaulted once under load in over a hundred runs) is said, started again
+with the same knobs, warmed up, and measured at that rate again; where it dies again, that run is
+its result there, marked "server_exited". Settling pairs and --interleave rounds also start a
+dead server again before measuring it. layerbatch runs its defaults: dp-tardy,
 batch norms folded into the convolutions at load (`layerbatch serve --no-fold-bn` turns it off;
 `--fold-peers` hands the peers the same folded model, to see how much of the difference that is),
 and each replica decoding its inputs on a thread of its own (the peers decode inside their batch
@@ -595,6 +599,7 @@ class Running:
         checkout layerbatch's server runs from (its working directory, which `python -m`
         imports from first), this one by default."""
         self.server, self.model, self.knobs = server, model, knobs
+        self.deadline_ms = deadline_ms  # the one it was started with (Triton's queue policy)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         logdir.mkdir(parents=True, exist_ok=True)
@@ -763,13 +768,16 @@ class Load:
 
 @dataclass(frozen=True)
 class Run:
-    """One measured rate: its samples and how long the arrivals lasted."""
+    """One measured rate: its samples, how long the arrivals lasted and, where the server died
+    during them, its exit status."""
 
     samples: list[Sample]
     duration_s: float
+    server_exited: int | None = None
 
     def summary(self, deadline_ms: float) -> dict[str, Any]:
-        return summarize(self.samples, deadline_ms, self.duration_s)
+        s = summarize(self.samples, deadline_ms, self.duration_s)
+        return s if self.server_exited is None else {**s, "server_exited": self.server_exited}
 
 
 Cache = dict[tuple[str, float], Run]  # (arrival, rate) -> run, for one server start
@@ -878,11 +886,26 @@ class Bench:
     async def measure(
         self, load: Load, cache: Cache, arrival: str, rate: float, tuning: bool
     ) -> Run:
+        """`load`'s run at `rate`, measured once per server start (`cache`). A server found dead
+        is started again first (`revive`); one that dies during the run is measured again once,
+        and where it dies again the run is kept, with its exit status, as what it served."""
         key = (arrival, rate)
         if key not in cache:
             arr, dur = self.arrivals(arrival, rate, tuning, self.st.seed)
-            cache[key] = Run(await load.run_arrivals(arr, load.deadline_ms / 1000.0), dur)
-            await load.quiesce()
+            for again in (False, True):
+                await self.revive(load, rate)
+                samples = await load.run_arrivals(arr, load.deadline_ms / 1000.0)
+                exited = load.run.proc.poll()
+                if exited is None or again:
+                    break
+                print(
+                    f"    {load.run.server} exited ({exited}) during its run at {rate:g} req/s; "
+                    "measuring that rate again",
+                    flush=True,
+                )
+            cache[key] = Run(samples, dur, exited)
+            if exited is None:
+                await load.quiesce()
         return cache[key]
 
     async def search(
@@ -907,7 +930,8 @@ class Bench:
                 f"{deadline:>5g}ms {r:>6.1f} req/s  on-time {s['on_time_ratio']:.3f}  "
                 f"mean {s['mean_ms'] or 0:>6.1f}  p99 {s['p99_ms'] or 0:>6.1f}  "
                 f"(n={s['requests']}, timeouts {s['timeouts']}, errors {s['errors']}, "
-                f"dropped {s['dropped']})",
+                f"dropped {s['dropped']})"
+                + (f" SERVER EXITED ({s['server_exited']})" if "server_exited" in s else ""),
                 flush=True,
             )
         return rs
@@ -920,43 +944,52 @@ class Bench:
             if a == arrival
         }
 
+    def spawn(self, server: str, model: str, knobs: Knobs, deadline: float) -> Running:
+        """`server`'s process, started with this run's settings (not yet answering)."""
+        return Running(
+            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers,
+            self.st.step_log,
+        )  # fmt: skip
+
     async def start(
         self, server: str, model: str, knobs: Knobs, deadline: float, tries: int = 2
     ) -> Load:
-        """`server` up and answering; one that exits while starting is started again, up to
+        """`server` up and answering (`until_ready`)."""
+        load = Load(self.spawn(server, model, knobs, deadline), self.frames, deadline)
+        await self.until_ready(load, tries)
+        return load
+
+    async def until_ready(self, load: Load, tries: int = 2) -> None:
+        """Until `load`'s server answers; one that exits while starting is started again, up to
         `tries` times in all (Triton's Python backend sometimes fails its handshake when another
-        server is starting beside it)."""
+        server is starting beside it). The load is closed where it never comes up."""
         for attempt in range(1, tries + 1):
-            run = Running(
-                server, model, knobs, deadline, self.st.logdir, self.st.policy,
-                self.st.fold_peers, self.st.step_log,
-            )  # fmt: skip
-            load = Load(run, self.frames, deadline)
+            run = load.run
             try:
                 await load.ready()
                 break
             except BaseException as e:
-                await load.close()
-                run.stop()
+                await asyncio.to_thread(run.stop)
                 if not isinstance(e, ExitedEarly) or attempt == tries:
+                    await load.close()
                     raise
                 print(
-                    f"  {server} exited ({run.proc.returncode}) while starting (log: {run.log}); "
-                    "starting it again",
+                    f"  {run.server} exited ({run.proc.returncode}) while starting "
+                    f"(log: {run.log}); starting it again",
                     flush=True,
                 )
+                load.run = self.spawn(run.server, run.model, run.knobs, run.deadline_ms)
         print(
-            f"  {server} {model} {knobs.label}: ready in {run.ready_s:.0f} s, idle "
+            f"  {run.server} {run.model} {run.knobs.label}: ready in {run.ready_s:.0f} s, idle "
             f"{load.idle_ms:.1f} ms, top-1 of frame 0 = {load.top1}",
             flush=True,
         )
-        self.checks.setdefault(model, {})[server] = {
+        self.checks.setdefault(run.model, {})[run.server] = {
             "top1_frame0": load.top1,
             "idle_ms": round(load.idle_ms or 0, 2),
             "ready_s": round(run.ready_s or 0, 1),
             "starts": attempt,
         }
-        return load
 
     async def stop(self, load: Load) -> None:
         await load.close()
@@ -987,23 +1020,25 @@ class Bench:
             s["server_exited"] = load.run.proc.returncode
         return s
 
-    async def revived(self, load: Load, rate: float, deadline_ms: float) -> Load:
-        """`load` while its server runs; once it has exited, a fresh start of the same server
-        and knobs, warmed up at `rate`, the exit said on stdout. (Triton's Python backend
-        crashed once under load in over a hundred runs, a segfault on its shared-memory lock;
-        the runs after it had measured a dead server as 0 on time, saying nothing.)"""
+    async def revive(self, load: Load, rate: float) -> bool:
+        """Whether `load`'s server had exited and was started again, with the same knobs and
+        deadline, in place (`load.run` is the new process), warmed up at `rate` and the exit said
+        on stdout. (Triton's Python backend crashed once under load in over a hundred runs, a
+        segfault on its shared-memory lock; the runs after it had measured a dead server as 0 on
+        time, saying nothing.)"""
         run = load.run
         if run.proc.poll() is None:
-            return load
+            return False
         print(
             f"  {run.server} exited ({run.proc.returncode}) while serving (log: {run.log}); "
             "starting it again",
             flush=True,
         )
-        await self.stop(load)
-        fresh = await self.start(run.server, run.model, run.knobs, deadline_ms)
-        await self.warm([fresh], rate, deadline_ms)
-        return fresh
+        await asyncio.to_thread(run.stop)
+        load.run = self.spawn(run.server, run.model, run.knobs, run.deadline_ms)
+        await self.until_ready(load)
+        await self.warm([load], rate, load.deadline_ms)
+        return True
 
     async def settle(
         self,
@@ -1034,6 +1069,7 @@ class Bench:
             for i in range(self.st.settle_pairs):
                 arr, dur = self.arrivals(arrival, rate, True, self.st.seed + i)
                 for k in (pick, other) if i % 2 == 0 else (other, pick):
+                    await self.revive(loads[k], rate)
                     beside = {o.label: load for o, load in loads.items() if o != k}
                     s = await self.alone(loads[k], beside, arr, dur, deadline_ms)
                     on_time[k].append(s["on_time_ratio"] or 0.0)
@@ -1368,7 +1404,7 @@ async def interleaved(
     load (kernels for new batch sizes, a JIT) must not count against that rate (TorchServe was
     0.51-0.66 on time at its first rate, then 0.85-1.00 in the next round). The compute bound
     is measured before and after (no server up then). A server found dead before a measurement
-    is started again and warmed up (`Bench.revived`), each restart recorded under "restarts"."""
+    is started again and warmed up (`Bench.revive`), each restart recorded under "restarts"."""
     model, deadline, arrival = st.models[0], st.deadlines[0], st.arrivals[0]
     bench = Bench(st, frames, trace)
     loads: dict[str, Load] = {}
@@ -1392,9 +1428,7 @@ async def interleaved(
             for rate in rates:
                 order = list(knobs) if rnd % 2 == 0 else list(reversed(knobs))
                 for server in order:
-                    revived = await bench.revived(loads[server], rate, deadline)
-                    if revived is not loads[server]:
-                        loads[server] = revived
+                    if await bench.revive(loads[server], rate):
                         out.setdefault("restarts", {}).setdefault(server, []).append(
                             {"round": rnd, "rps": rate}
                         )

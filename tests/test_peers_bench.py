@@ -748,31 +748,77 @@ def test_a_server_that_exits_while_starting_once_is_started_again_and_comes_up(
 def test_a_server_that_dies_between_rounds_is_said_and_started_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`Bench.revived` keeps a running server's load; once its server has died (Triton's Python
+    """`Bench.revive` leaves a running server alone; once its server has died (Triton's Python
     backend once segfaulted under load, and the rounds after it measured a dead server as 0 on
-    time, saying nothing), it says so and returns a fresh start of the same server that answers."""
+    time, saying nothing), it says so and starts the same server again in the same load, which
+    answers."""
     from tests.server_cases import CIFAR, small_jpeg
 
     st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path)
     bench = Bench(st, [small_jpeg(0)], np.zeros(1))
 
-    async def die_and_revive() -> tuple[bool, int | None, str]:
+    async def die_and_revive() -> tuple[bool, bool, int | None, str]:
         load = await bench.start("layerbatch", CIFAR, Knobs(), 1000.0)
-        kept = await bench.revived(load, 2.0, 1000.0) is load
-        signal_session(load.run.proc.pid, signal.SIGKILL)
-        load.run.proc.wait()
-        fresh = await bench.revived(load, 2.0, 1000.0)
+        first = load.run
         try:
-            status, _, top1 = await fresh.one(0, 30.0)
-            return kept and fresh is not load, top1, status
+            kept = not await bench.revive(load, 2.0) and load.run is first
+            signal_session(first.proc.pid, signal.SIGKILL)
+            first.proc.wait()
+            fresh = await bench.revive(load, 2.0) and load.run is not first
+            status, _, top1 = await load.one(0, 30.0)
+            return kept, fresh, top1, status
         finally:
-            await bench.stop(fresh)
+            await bench.stop(load)
 
-    kept_then_fresh, top1, status = asyncio.run(die_and_revive())
-    assert kept_then_fresh and status == "ok" and top1 is not None
+    kept, fresh, top1, status = asyncio.run(die_and_revive())
+    assert kept and fresh and status == "ok" and top1 is not None
     out = capsys.readouterr().out
     assert out.count("while serving") == 1 and out.count("ready in") == 2
     assert len(list(tmp_path.glob(f"layerbatch-{CIFAR}-*.log"))) == 2
+
+
+def test_a_server_that_dies_during_a_tuning_run_is_started_again_and_measured_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capacity search's run (`Bench.measure`) during which the server dies is not kept as
+    the server's failure at that rate: the server is started again and the rate measured again,
+    and the run kept is the new server's, every request answered. A run whose server died
+    says so in its summary."""
+    import bench.peers as peers
+    from tests.server_cases import CIFAR, small_jpeg
+
+    monkeypatch.setattr(peers, "WARM_LOAD_S", 0.5)
+    st = dataclasses.replace(
+        parse_args(["--quick"]), logdir=tmp_path, tune_duration_s=2.0, min_requests=10
+    )
+    bench = Bench(st, [small_jpeg(0)], np.zeros(1))
+
+    async def killed_during_the_run() -> tuple[peers.Run, bool]:
+        load = await bench.start("layerbatch", CIFAR, Knobs(), 1000.0)
+        first = load.run
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.5)
+            signal_session(first.proc.pid, signal.SIGKILL)
+
+        killer = asyncio.create_task(kill_soon())
+        try:
+            run = await bench.measure(load, {}, "poisson", 10.0, True)
+            return run, load.run is not first
+        finally:
+            await killer
+            await bench.stop(load)
+
+    run, restarted = asyncio.run(killed_during_the_run())
+    s = run.summary(1000.0)
+    assert restarted and run.server_exited is None and "server_exited" not in s
+    assert s["requests"] == len(bench.arrivals("poisson", 10.0, True, st.seed)[0])
+    assert s["errors"] == 0
+    out = capsys.readouterr().out
+    assert out.count("during its run at 10 req/s; measuring that rate again") == 1
+    assert out.count("while serving") == 1
+    died = peers.Run([Sample(0.0, "ok", 5.0), Sample(0.1, "error", 1.0)], 1.0, -9)
+    assert died.summary(1000.0)["server_exited"] == -9
 
 
 def test_a_rounds_line_says_its_errors_and_a_server_that_died() -> None:
