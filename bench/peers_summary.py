@@ -1,5 +1,5 @@
 """The README's table of layerbatch against its peers, computed from the runs behind each cell
-(issue 9).
+(issue 9), and the cells' notes beside it.
 
 `bench/results/peers-cells.json` names, for each model, deadline and arrival process, the
 `bench/peers.py --interleave` runs the README reports. Each cell's runs are pooled as `--report`
@@ -17,10 +17,12 @@ pools them (every round of every rate kept), and its row gives:
   (a lower bound under the target, or neither server crossing within the rates);
 - layerbatch's crossing over the compute bound (the issue's other target: at least 0.85).
 
-The picture (`--png`) shows each cell's ratio and interval against the target. Runs in any venv
-with numpy and matplotlib (no server starts):
+The README quotes the table; a cell with a note is numbered in its target column, and the notes
+(what its runs showed, and its earlier runs) follow the same table in `--md`,
+`bench/results/peers-cells.md`. The picture (`--png`) shows each cell's ratio and interval
+against the target. Runs in any venv with numpy and matplotlib (no server starts):
 
-    .venv/bin/python bench/peers_summary.py [--cells FILE] [--png FILE] [--seed 1]
+    .venv/bin/python bench/peers_summary.py [--cells FILE] [--png FILE] [--md FILE] [--seed 1]
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class Cell:
     best_peer_knobs: str
     peer: tuple[float, str]  # the best peer's crossing and its side
     interval: RatioInterval
-    note: str = ""  # from the cells file, printed under the table
+    note: str = ""  # from the cells file: what the runs showed
+    history: str = ""  # from the cells file: what the note said of the cell's earlier runs
 
     @property
     def status(self) -> str:
@@ -98,7 +101,11 @@ def crossings_of(means: Mapping[str, Mapping[str, float]]) -> dict[str, tuple[fl
 
 
 def cell_of(
-    docs: Sequence[Mapping[str, Any]], names: Sequence[str], seed: int, note: str = ""
+    docs: Sequence[Mapping[str, Any]],
+    names: Sequence[str],
+    seed: int,
+    note: str = "",
+    history: str = "",
 ) -> Cell:
     """One cell from its runs (`pool_interleaved` checks they measured the same cell)."""
     doc = pool_interleaved(docs, names)
@@ -129,13 +136,14 @@ def cell_of(
         peer=at[peer],
         interval=interval,
         note=note,
+        history=history,
     )
 
 
 def load_cells(path: Path, seed: int) -> list[Cell]:
     """Every cell of a cells file: {"cells": [{"runs": [file names in its folder], "note":
-    optional text, "history": optional text (what the note said of the cell's earlier runs, kept
-    with it but not printed)}, ...]}. Raises ValueError with one sentence naming what is wrong."""
+    optional text, "history": optional text (what the note said of the cell's earlier runs)},
+    ...]}. Raises ValueError with one sentence naming what is wrong."""
     try:
         spec = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -150,12 +158,11 @@ def load_cells(path: Path, seed: int) -> list[Cell]:
         names = entry.get("runs") if isinstance(entry, dict) else None
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise ValueError(f'{path}: cell {i}: expected "runs", a list of run file names')
-        note = entry.get("note", "")
         for key in ("note", "history"):
             if not isinstance(entry.get(key, ""), str):
                 raise ValueError(f'{path}: cell {i}: expected "{key}" to be text')
         docs = [load_interleaved(path.parent / name) for name in names]
-        cells.append(cell_of(docs, names, seed, note))
+        cells.append(cell_of(docs, names, seed, entry.get("note", ""), entry.get("history", "")))
     return cells
 
 
@@ -188,19 +195,20 @@ def numbers(values: Sequence[float | None]) -> str:
 
 
 def table(cells: Sequence[Cell]) -> str:
-    """The README's markdown table, one row per cell, and the cells' notes numbered under it."""
+    """The README's markdown table, one row per cell; a cell with a note carries its number (as
+    `notes` numbers them) in its target column."""
     head = (
         "| model | deadline, arrivals | compute bound | batched ceiling | layerbatch | best peer "
         f"| layerbatch / best peer (90% interval) | {TARGET_RATIO:g}x target "
         "| layerbatch / compute bound | runs (`bench/results/peers-interleaved-*.json`) |"
     )
     rows: list[str] = [head, "|" + "---|" * 10]
-    notes: list[str] = []
+    noted = 0
     for c in cells:
         target = f"**{c.status}**" if c.status == "met" else c.status
         if c.note:
-            notes.append(f"{len(notes) + 1}. {cell_name(c)}: {c.note}")
-            target += f" ({len(notes)})"
+            noted += 1
+            target += f" ({noted})"
         name = SERVER_NAMES.get(c.best_peer, c.best_peer)
         peer = f"{name} ({c.best_peer_knobs}) {crossing_text(*c.peer)}"
         ours = crossing_text(*c.ours)
@@ -212,7 +220,25 @@ def table(cells: Sequence[Cell]) -> str:
             f"| {ours} | {peer} | {ratio_text(c.interval)} | {target} "
             f"| {share_text(c.of_compute_bound())} | {run_names(c.runs)} |"
         )
-    return "\n".join(rows + ([""] + notes if notes else []))
+    return "\n".join(rows)
+
+
+def notes(cells: Sequence[Cell]) -> str:
+    """The noted cells' notes, numbered as `table` numbers them, each with its history."""
+    items = []
+    for c in (c for c in cells if c.note):
+        earlier = f"\n\n   *Earlier runs.* {c.history}" if c.history else ""
+        items.append(f"{len(items) + 1}. {cell_name(c)}: {c.note}{earlier}")
+    return "\n".join(items)
+
+
+def report(cells: Sequence[Cell], cells_file: str) -> str:
+    """`bench/results/peers-cells.md`: the table and the notes, generated from the cells file."""
+    return (
+        f"# layerbatch against its peers, cell by cell\n\nGenerated by `bench/peers_summary.py` "
+        f"from `{cells_file}`; edit that file, not this one. Runs, rounds and what each change "
+        "found: `peers-log.md`.\n\n" + table(cells) + "\n\n" + notes(cells) + "\n"
+    )
 
 
 def cell_name(c: Cell) -> str:
@@ -265,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cells", type=Path, default=CELLS, help="the cells file (module docstring)")
     ap.add_argument("--png", type=Path, default=RESULTS / "peers-summary.png")
+    ap.add_argument("--md", type=Path, default=RESULTS / "peers-cells.md", help="table and notes")
     ap.add_argument("--seed", type=int, default=int(FULL_LOAD["seed"]), help="the bootstrap's")
     a = ap.parse_args(argv)
     try:
@@ -272,8 +299,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         raise SystemExit(f"peers_summary: {exc}") from None
     print(table(cells))
+    a.md.write_text(report(cells, a.cells.name))
     plot(cells, a.png)
-    print(f"wrote {a.png}")
+    print(f"wrote {a.md} and {a.png}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.peers import ROOT, mean_on_time
-from bench.peers_summary import CELLS, load_cells, main, table
+from bench.peers_summary import CELLS, load_cells, main, notes, report, table
 
 
 def run_doc(
@@ -88,19 +88,31 @@ def test_a_bound_decides_the_status_only_on_the_side_it_bounds(tmp_path: Path) -
     assert "| none: neither crossed within the rates | open | n/a (trace) |" in rows[4]
 
 
-def test_a_cells_runs_are_pooled_and_its_note_goes_under_the_table(tmp_path: Path) -> None:
+def test_a_cells_runs_are_pooled_and_its_note_numbered_beside_the_table(tmp_path: Path) -> None:
     peer = {10.0: [0.95], 20.0: [0.5]}
     docs = {
         "a.json": run_doc({"layerbatch": {10.0: [1.0], 20.0: [0.9]}, "triton": peer}, rps=40.0),
         "b.json": run_doc({"layerbatch": {10.0: [1.0], 20.0: [0.7]}, "triton": peer}, rps=44.0),
     }
-    path = write_cells(tmp_path, [{"runs": ["a.json", "b.json"], "note": "two runs."}], docs)
-    (cell,) = load_cells(path, seed=1)
+    path = write_cells(
+        tmp_path,
+        [
+            {"runs": ["a.json"]},
+            {"runs": ["a.json", "b.json"], "note": "two runs.", "history": "one run before."},
+        ],
+        docs,
+    )
+    plain, cell = load_cells(path, seed=1)
     assert cell.ours == (15.0, "")  # the rounds' mean at 20 is 0.8
     assert cell.compute_bound_rps == (40.0, 44.0)
-    text = table([cell])
+    text = table([plain, cell])
     assert "| 40.0; 44.0 | 56.0; 56.0 |" in text and "**met** (1) |" in text
-    assert text.splitlines()[-1] == "1. resnet18, 300 ms, Poisson: two runs."
+    assert text.count("(1)") == 1 and "(2)" not in text  # the cell without a note has no number
+    assert notes([plain, cell]) == (
+        "1. resnet18, 300 ms, Poisson: two runs.\n\n   *Earlier runs.* one run before."
+    )
+    report_text = report([plain, cell], "cells.json")
+    assert text in report_text and report_text.endswith(notes([plain, cell]) + "\n")
 
 
 @pytest.mark.parametrize(
@@ -143,8 +155,10 @@ def test_the_readme_quotes_the_table_its_runs_give(tmp_path: Path) -> None:
     cells = load_cells(CELLS, seed=1)
     names = {(c.model, c.deadline_ms, c.arrival) for c in cells}
     assert len(names) == len(cells) == 12  # 3 models x 2 deadlines x 2 arrival processes
-    # re-run peers_summary.py if not; the blank line after it: no stale footnote left behind
+    # re-run peers_summary.py if either is stale
     assert table(cells) + "\n\n" in (ROOT / "README.md").read_text()
-    png = tmp_path / "summary.png"
-    main(["--png", str(png)])
+    assert (CELLS.parent / "peers-cells.md").read_text() == report(cells, CELLS.name)
+    png, md = tmp_path / "summary.png", tmp_path / "cells.md"
+    main(["--png", str(png), "--md", str(md)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert md.read_text() == report(cells, CELLS.name)
