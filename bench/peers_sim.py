@@ -36,16 +36,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peers import (
-    AZURE_TRACE,
-    MODELS,
-    ROOT,
-    THRESHOLD,
-    arrivals_for,
-    crossings,
-    plot,
-    threshold_crossing,
-)
+from bench.peers_arrivals import AZURE_TRACE, ROOT, arrivals_for
+from bench.peers_crossing import THRESHOLD, threshold_crossing
+from bench.peers_report import crossings
+from bench.peers_settings import MODELS
+from bench.peers_table import plot
 from scheduler import Deployment, load_profile, make_policy
 from scheduler.profile import with_entry_cost
 from scheduler.types import App

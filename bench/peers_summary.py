@@ -40,7 +40,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peers import FULL_LOAD, TARGET_RATIO, load_interleaved, pool_interleaved, rounds_of
+from bench.peers_arrivals import FULL_LOAD
 from bench.peers_crossing import (
     THRESHOLD,
     RatioInterval,
@@ -48,6 +48,8 @@ from bench.peers_crossing import (
     edge_crossing,
     ratio_interval,
 )
+from bench.peers_report import load_interleaved, pool_interleaved, rounds_of
+from bench.peers_table import TARGET_RATIO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CELLS = RESULTS / "peers-cells.json"

@@ -39,17 +39,10 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peers import (
-    AZURE_TRACE,
-    FULL_LOAD,
-    ROOT,
-    Knobs,
-    Load,
-    Running,
-    arrivals_for,
-    measure_alone,
-    poisson_arrivals_s,
-)
+from bench.peers_arrivals import AZURE_TRACE, FULL_LOAD, ROOT, arrivals_for, poisson_arrivals_s
+from bench.peers_knobs import Knobs
+from bench.peers_load import Load, measure_alone
+from bench.peers_servers import Running
 from client.frames import jpeg, video_frames
 from scheduler.policies import POLICIES
 

@@ -21,42 +21,37 @@ import numpy as np
 import pytest
 import torch
 
-from bench.peers import (
-    AZURE_TRACE,
-    Bench,
-    ExitedEarly,
-    Knobs,
-    Protocol,
+from bench.peers import parse_args
+from bench.peers_arrivals import AZURE_TRACE, poisson_arrivals_s, trace_arrivals_s
+from bench.peers_capacity import (
     RateSearch,
-    Sample,
     batched_ceiling_rps,
-    best_knobs,
-    categorize,
     compute_bound_rps,
-    format_table,
-    interleaved_results,
+    mean_bound,
+    speed_warning,
+)
+from bench.peers_interleave import round_line
+from bench.peers_knobs import (
+    Knobs,
+    best_knobs,
     knobs_from_label,
     knobs_on_record,
-    mean_bound,
-    parse_args,
-    plot,
-    poisson_arrivals_s,
-    proc_stat,
-    profile_breakdown,
-    round_line,
     runner_up,
+    settled,
+    tuning_grid,
+)
+from bench.peers_load import ExitedEarly, Protocol, Run, Sample, summarize, triton_body
+from bench.peers_profile import categorize, profile_breakdown
+from bench.peers_report import interleaved_results
+from bench.peers_servers import (
+    proc_stat,
     server_command,
     session_cpu_s,
     session_pids,
-    settled,
     signal_session,
-    speed_warning,
-    summarize,
-    table_rows,
-    trace_arrivals_s,
-    triton_body,
-    tuning_grid,
 )
+from bench.peers_table import format_table, plot, table_rows
+from bench.peers_tuning import Bench
 from traces.arrivals import load_timestamps
 
 
@@ -250,10 +245,10 @@ def test_settling_measures_the_pick_and_its_runner_up_in_turn_on_the_same_arriva
     """`Bench.settle` starts both, then in each pair measures each alone on that pair's
     arrivals, the order alternating, and keeps the one with more on time; with settling off or
     nothing to settle against it returns the tuning's pick without starting anything."""
-    import bench.peers as peers
+    from bench import peers_tuning
     from tests.server_cases import CIFAR, small_jpeg
 
-    monkeypatch.setattr(peers, "WARM_LOAD_S", 0.5)
+    monkeypatch.setattr(peers_tuning, "WARM_LOAD_S", 0.5)
     st = dataclasses.replace(
         parse_args(["--quick"]),
         logdir=tmp_path,
@@ -717,16 +712,18 @@ def test_a_server_that_exits_while_starting_once_is_started_again_and_comes_up(
     log, and the server is recorded as up after two starts."""
     import socket
 
-    import bench.peers as peers
+    from bench import peers_servers
     from tests.server_cases import CIFAR, small_jpeg
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = [int(held.getsockname()[1])]
-        real_free_port = peers.free_port
+        real_free_port = peers_servers.free_port
         monkeypatch.setattr(
-            peers, "free_port", lambda span=5: taken.pop() if taken else real_free_port(span)
+            peers_servers,
+            "free_port",
+            lambda span=5: taken.pop() if taken else real_free_port(span),
         )
         st = dataclasses.replace(parse_args(["--quick"]), logdir=tmp_path)
         bench = Bench(st, [small_jpeg(0)], np.zeros(1))
@@ -784,16 +781,16 @@ def test_a_server_that_dies_during_a_tuning_run_is_started_again_and_measured_ag
     the server's failure at that rate: the server is started again and the rate measured again,
     and the run kept is the new server's, every request answered. A run whose server died
     says so in its summary."""
-    import bench.peers as peers
+    from bench import peers_tuning
     from tests.server_cases import CIFAR, small_jpeg
 
-    monkeypatch.setattr(peers, "WARM_LOAD_S", 0.5)
+    monkeypatch.setattr(peers_tuning, "WARM_LOAD_S", 0.5)
     st = dataclasses.replace(
         parse_args(["--quick"]), logdir=tmp_path, tune_duration_s=2.0, min_requests=10
     )
     bench = Bench(st, [small_jpeg(0)], np.zeros(1))
 
-    async def killed_during_the_run() -> tuple[peers.Run, bool]:
+    async def killed_during_the_run() -> tuple[Run, bool]:
         load = await bench.start("layerbatch", CIFAR, Knobs(), 1000.0)
         first = load.run
 
@@ -817,7 +814,7 @@ def test_a_server_that_dies_during_a_tuning_run_is_started_again_and_measured_ag
     out = capsys.readouterr().out
     assert out.count("during its run at 10 req/s; measuring that rate again") == 1
     assert out.count("while serving") == 1
-    died = peers.Run([Sample(0.0, "ok", 5.0), Sample(0.1, "error", 1.0)], 1.0, -9)
+    died = Run([Sample(0.0, "ok", 5.0), Sample(0.1, "error", 1.0)], 1.0, -9)
     assert died.summary(1000.0)["server_exited"] == -9
 
 

@@ -13,15 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.peers import (
-    AZURE_TRACE,
-    ROOT,
-    interleaved_results,
-    pool_interleaved,
-    trace_arrivals_s,
-)
+from bench.peers_arrivals import AZURE_TRACE, ROOT, trace_arrivals_s
 from bench.peers_crossing import edge_crossing, ratio_interval
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
+from bench.peers_report import interleaved_results, pool_interleaved
 from traces.arrivals import load_timestamps
 
 

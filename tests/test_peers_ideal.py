@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.peers import AZURE_TRACE, trace_arrivals_s
+from bench.peers_arrivals import AZURE_TRACE, trace_arrivals_s
 from bench.peers_ideal import ideal_crossing_rps, ideal_on_time_ratio
 from traces.arrivals import load_timestamps
 

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from bench.peers import AZURE_TRACE, THRESHOLD, arrivals_for
+from bench.peers_arrivals import AZURE_TRACE, arrivals_for
+from bench.peers_crossing import THRESHOLD
 from bench.peers_sim import STEP, deployment, gain, profile_bound_rps, results, sweep, workload
 from traces.arrivals import load_timestamps
 

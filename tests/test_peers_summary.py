@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bench.peers import ROOT, mean_on_time
+from bench.peers_arrivals import ROOT
+from bench.peers_report import mean_on_time
 from bench.peers_summary import CELLS, load_cells, main, notes, report, table
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers import ROOT
+from bench.peers_arrivals import ROOT
 from bench.server_ab import main, worktree
 
 

@@ -1,0 +1,426 @@
+"""The full benchmark of bench/peers.py (`Bench`): per model, each server's knobs tuned over its
+grid, the pick settled against its runner-up in pairs, and its capacity searched at those
+knobs; and the server starts, restarts, warm-ups and measurements every mode shares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.peers_arrivals import arrivals_for, poisson_arrivals_s
+from bench.peers_capacity import (
+    RateSearch,
+    batched_ceiling_rps,
+    compute_bound_rps,
+    mean_bound,
+    speed_warning,
+)
+from bench.peers_crossing import THRESHOLD
+from bench.peers_knobs import THREADS, Knobs, best_knobs, runner_up, settled
+from bench.peers_load import Cache, ExitedEarly, Load, Run, measure_alone
+from bench.peers_servers import Running
+from bench.peers_settings import Settings, layerbatch_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
+
+
+class Bench:
+    def __init__(self, st: Settings, frames: list[bytes], trace: np.ndarray) -> None:
+        self.st, self.frames, self.trace = st, frames, trace
+        self.results: list[dict[str, Any]] = []
+        self.tuning: list[dict[str, Any]] = []
+        self.settled: list[dict[str, Any]] = []
+        self.bounds: dict[str, dict[str, Any]] = {}
+        self.checks: dict[str, dict[str, Any]] = {}
+
+    def arrivals(
+        self, arrival: str, rate: float, tuning: bool, seed: int
+    ) -> tuple[np.ndarray, float]:
+        """One run's arrivals (`arrivals_for`) and its duration in seconds: Poisson's for at
+        least the set duration and `min_requests` requests, the trace's `min_requests`."""
+        d = self.st.tune_duration_s if tuning else self.st.duration_s
+        dur = max(d, self.st.min_requests / rate)
+        arr = arrivals_for(arrival, rate, dur, seed, self.trace, self.st.min_requests)
+        if arrival != "poisson" and len(arr):
+            dur = float(arr[-1])
+        return arr, dur
+
+    async def measure(
+        self, load: Load, cache: Cache, arrival: str, rate: float, tuning: bool
+    ) -> Run:
+        """`load`'s run at `rate`, measured once per server start (`cache`). A server found dead
+        is started again first (`revive`); one that dies during the run is measured again once,
+        and where it dies again the run is kept, with its exit status, as what it served."""
+        key = (arrival, rate)
+        if key not in cache:
+            arr, dur = self.arrivals(arrival, rate, tuning, self.st.seed)
+            for again in (False, True):
+                await self.revive(load, rate)
+                samples = await load.run_arrivals(arr, load.deadline_ms / 1000.0)
+                exited = load.run.proc.poll()
+                if exited is None or again:
+                    break
+                print(
+                    f"    {load.run.server} exited ({exited}) during its run at {rate:g} req/s; "
+                    "measuring that rate again",
+                    flush=True,
+                )
+            cache[key] = Run(samples, dur, exited)
+            if exited is None:
+                await load.quiesce()
+        return cache[key]
+
+    async def search(
+        self,
+        load: Load,
+        cache: Cache,
+        arrival: str,
+        deadline: float,
+        start: float,
+        tol: float,
+        tuning: bool,
+        known: Sequence[tuple[float, bool]] = (),
+    ) -> RateSearch:
+        rs = RateSearch(start, tol)
+        for rate, ok in known:
+            rs.record(rate, ok)
+        while (r := rs.next_rate()) is not None:
+            s = (await self.measure(load, cache, arrival, r, tuning)).summary(deadline)
+            rs.record(r, (s["on_time_ratio"] or 0.0) >= THRESHOLD)
+            print(
+                f"    {load.run.server:<10} {load.run.knobs.label:<13} {arrival:<7} "
+                f"{deadline:>5g}ms {r:>6.1f} req/s  on-time {s['on_time_ratio']:.3f}  "
+                f"mean {s['mean_ms'] or 0:>6.1f}  p99 {s['p99_ms'] or 0:>6.1f}  "
+                f"(n={s['requests']}, timeouts {s['timeouts']}, errors {s['errors']}, "
+                f"dropped {s['dropped']})"
+                + (f" SERVER EXITED ({s['server_exited']})" if "server_exited" in s else ""),
+                flush=True,
+            )
+        return rs
+
+    @staticmethod
+    def runs_table(cache: Cache, arrival: str, deadline: float) -> dict[str, dict[str, Any]]:
+        return {
+            f"{rate:g}": run.summary(deadline)
+            for (a, rate), run in sorted(cache.items(), key=lambda kv: kv[0][1])
+            if a == arrival
+        }
+
+    def spawn(self, server: str, model: str, knobs: Knobs, deadline: float) -> Running:
+        """`server`'s process, started with this run's settings (not yet answering)."""
+        return Running(
+            server, model, knobs, deadline, self.st.logdir, self.st.policy, self.st.fold_peers,
+            self.st.step_log,
+        )  # fmt: skip
+
+    async def start(
+        self, server: str, model: str, knobs: Knobs, deadline: float, tries: int = 2
+    ) -> Load:
+        """`server` up and answering (`until_ready`)."""
+        load = Load(self.spawn(server, model, knobs, deadline), self.frames, deadline)
+        await self.until_ready(load, tries)
+        return load
+
+    async def until_ready(self, load: Load, tries: int = 2) -> None:
+        """Until `load`'s server answers; one that exits while starting is started again, up to
+        `tries` times in all (Triton's Python backend sometimes fails its handshake when another
+        server is starting beside it). The load is closed where it never comes up."""
+        for attempt in range(1, tries + 1):
+            run = load.run
+            try:
+                await load.ready()
+                break
+            except BaseException as e:
+                await asyncio.to_thread(run.stop)
+                if not isinstance(e, ExitedEarly) or attempt == tries:
+                    await load.close()
+                    raise
+                print(
+                    f"  {run.server} exited ({run.proc.returncode}) while starting "
+                    f"(log: {run.log}); starting it again",
+                    flush=True,
+                )
+                load.run = self.spawn(run.server, run.model, run.knobs, run.deadline_ms)
+        print(
+            f"  {run.server} {run.model} {run.knobs.label}: ready in {run.ready_s:.0f} s, idle "
+            f"{load.idle_ms:.1f} ms, top-1 of frame 0 = {load.top1}",
+            flush=True,
+        )
+        self.checks.setdefault(run.model, {})[run.server] = {
+            "top1_frame0": load.top1,
+            "idle_ms": round(load.idle_ms or 0, 2),
+            "ready_s": round(run.ready_s or 0, 1),
+            "starts": attempt,
+        }
+
+    async def stop(self, load: Load) -> None:
+        await load.close()
+        await asyncio.to_thread(load.run.stop)
+
+    async def warm(self, loads: Iterable[Load], rate: float, deadline_ms: float) -> None:
+        """Each server serves WARM_LOAD_S of Poisson arrivals at `rate`, not measured: its first
+        batches under load (kernels for new batch sizes, a JIT) must not count against a rate."""
+        for load in loads:
+            arr = poisson_arrivals_s(rate, WARM_LOAD_S, np.random.default_rng([self.st.seed, 99]))
+            await load.run_arrivals(arr, deadline_ms / 1000.0)
+            await load.quiesce()
+
+    async def alone(
+        self,
+        load: Load,
+        others: Mapping[str, Load],
+        arrivals_s: np.ndarray,
+        duration_s: float,
+        deadline_ms: float,
+    ) -> dict[str, Any]:
+        """`measure_alone`, the others stopped when `st.pause_idle`; the summary says
+        "server_exited" (its exit status) when the server died during it."""
+        s = await measure_alone(
+            load, others, arrivals_s, duration_s, deadline_ms, self.st.pause_idle
+        )
+        if load.run.proc.poll() is not None:
+            s["server_exited"] = load.run.proc.returncode
+        return s
+
+    async def revive(self, load: Load, rate: float) -> bool:
+        """Whether `load`'s server had exited and was started again, with the same knobs and
+        deadline, in place (`load.run` is the new process), warmed up at `rate` and the exit said
+        on stdout. (Triton's Python backend crashed once under load in over a hundred runs, a
+        segfault on its shared-memory lock; the runs after it had measured a dead server as 0 on
+        time, saying nothing.)"""
+        run = load.run
+        if run.proc.poll() is None:
+            return False
+        print(
+            f"  {run.server} exited ({run.proc.returncode}) while serving (log: {run.log}); "
+            "starting it again",
+            flush=True,
+        )
+        await asyncio.to_thread(run.stop)
+        load.run = self.spawn(run.server, run.model, run.knobs, run.deadline_ms)
+        await self.until_ready(load)
+        await self.warm([load], rate, load.deadline_ms)
+        return True
+
+    async def settle(
+        self,
+        server: str,
+        model: str,
+        case: tuple[float, str],
+        caps: dict[Knobs, tuple[float, float]],
+        start_deadline_ms: float,
+    ) -> Knobs:
+        """The tuning's pick for `case` (deadline, arrivals) or its runner-up, whichever serves
+        more on time in `st.settle_pairs` pairs on the same arrivals at the pick's capacity,
+        both up at once and each measured alone (`alone`), in alternating order. One capacity
+        search each is noisy: layerbatch's 2 replicas lost to one runtime in tuning on both
+        1000 ms trace cells and beat it in every later pair (bench/results/peers-log.md,
+        session 48). Each settling is kept in `self.settled`."""
+        pick, other = best_knobs(caps), runner_up(caps)
+        if other is None or self.st.settle_pairs < 1:
+            return pick
+        deadline_ms, arrival = case
+        rate = caps[pick][0]
+        loads: dict[Knobs, Load] = {}
+        on_time: dict[Knobs, list[float]] = {pick: [], other: []}
+        try:
+            for k in (pick, other):
+                loads[k] = await self.start(server, model, k, start_deadline_ms)
+                loads[k].set_deadline(deadline_ms)
+            await self.warm(loads.values(), rate, deadline_ms)
+            for i in range(self.st.settle_pairs):
+                arr, dur = self.arrivals(arrival, rate, True, self.st.seed + i)
+                for k in (pick, other) if i % 2 == 0 else (other, pick):
+                    await self.revive(loads[k], rate)
+                    beside = {o.label: load for o, load in loads.items() if o != k}
+                    s = await self.alone(loads[k], beside, arr, dur, deadline_ms)
+                    on_time[k].append(s["on_time_ratio"] or 0.0)
+                    print(
+                        f"    {server:<10} {k.label:<13} pair {i} at {rate:g} req/s: on-time "
+                        f"{on_time[k][-1]:.3f}",
+                        flush=True,
+                    )
+        finally:
+            for load in loads.values():
+                await self.stop(load)
+        chosen = settled(pick, other, on_time)
+        print(
+            f"  {server} {model} {deadline_ms:g} ms {arrival}: {chosen.label} in pairs "
+            f"({pick.label} {np.mean(on_time[pick]):.3f}, {other.label} "
+            f"{np.mean(on_time[other]):.3f} on time at {rate:g} req/s)",
+            flush=True,
+        )
+        self.settled.append(
+            {
+                "server": server,
+                "model": model,
+                "deadline_ms": deadline_ms,
+                "arrival": arrival,
+                "rate_rps": rate,
+                "on_time": {k.label: v for k, v in on_time.items()},
+                "tuning_pick": pick.label,
+                "knobs": chosen.label,
+            }
+        )
+        return chosen
+
+    async def server_model(self, server: str, model: str, bound: float) -> None:
+        """Tune (peers), then measure the best knobs per deadline, for each arrival process.
+        A peer is tuned under each arrival process it is measured under: knobs best for Poisson
+        arrivals need not be best for the bursty trace (TorchServe's were not)."""
+        st = self.st
+        grid = layerbatch_grid(st) if server == "layerbatch" else st.grid
+        # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
+        # layerbatch takes it per request, the others ignore it: one start serves every deadline
+        groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
+        for group in groups:
+            cases = [(d, a) for d in group for a in st.arrivals]
+            tuned: dict[tuple[float, str], dict[Knobs, tuple[float, float]]] = {
+                c: {} for c in cases
+            }
+            coarse: dict[Knobs, Cache] = {}
+            if len(grid) > 1:
+                for knobs in grid:
+                    load = await self.start(server, model, knobs, group[0])
+                    try:
+                        cache: Cache = {}
+                        coarse[knobs] = cache
+                        for d, arrival in cases:
+                            load.set_deadline(d)
+                            start = self._start_rate(model, d, arrival, bound)
+                            rs = await self.search(
+                                load, cache, arrival, d, start, st.tune_tol, True
+                            )
+                            fails = [r for r, ok in rs.tried if not ok]
+                            near = (
+                                cache[(arrival, min(fails))].summary(d)["on_time_ratio"]
+                                if fails
+                                else 1.0
+                            )
+                            tuned[(d, arrival)][knobs] = (rs.capacity, near or 0.0)
+                            self.tuning.append(
+                                {
+                                    "server": server,
+                                    "model": model,
+                                    "deadline_ms": d,
+                                    "arrival": arrival,
+                                    "knobs": asdict(knobs),
+                                    "capacity_rps": rs.capacity,
+                                    "on_time_at_first_failure": near,
+                                    "runs": self.runs_table(cache, arrival, d),
+                                }
+                            )
+                    finally:
+                        await self.stop(load)
+            best = {
+                c: await self.settle(server, model, c, tuned[c], group[0]) if tuned[c] else grid[0]
+                for c in cases
+            }
+            for knobs in dict.fromkeys(best.values()):
+                load = await self.start(server, model, knobs, group[0])
+                try:
+                    cache = {}
+                    for d, arrival in [c for c in cases if best[c] == knobs]:
+                        load.set_deadline(d)
+                        prior = coarse.get(knobs, {})
+                        known = [
+                            (rate, (run.summary(d)["on_time_ratio"] or 0) >= THRESHOLD)
+                            for (a, rate), run in prior.items()
+                            if a == arrival
+                        ]
+                        lo = max((r for r, ok in known if ok), default=None)
+                        hi = min((r for r, ok in known if not ok), default=None)
+                        seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
+                        start = self._start_rate(model, d, arrival, bound)
+                        rs = await self.search(
+                            load, cache, arrival, d, start, st.tol, False, known=seeds
+                        )
+                        self.results.append(
+                            {
+                                "server": server,
+                                "model": model,
+                                "deadline_ms": d,
+                                "arrival": arrival,
+                                "knobs": knobs.label,
+                                "tuned_under": arrival if len(grid) > 1 else None,
+                                "capacity_rps": rs.capacity,
+                                "runs": self.runs_table(cache, arrival, d),
+                                "tuning_runs_at_these_knobs": self.runs_table(prior, arrival, d)
+                                if prior
+                                else {},
+                            }
+                        )
+                        print(
+                            f"  => {server} {model} {d:g} ms {arrival}: capacity "
+                            f"{rs.capacity:g} req/s ({knobs.label})",
+                            flush=True,
+                        )
+                finally:
+                    await self.stop(load)
+
+    def _start_rate(self, model: str, deadline: float, arrival: str, bound: float) -> float:
+        """Where a capacity search starts: 0.8 x the best capacity found so far for this model,
+        deadline and arrival process (any server, any knobs; with Poisson's for the trace when
+        there is none yet), else the compute bound; this saves the runs far from capacity (under
+        the Azure trace capacity is about a tenth of the compute bound)."""
+        found = [
+            float(r["capacity_rps"])
+            for r in self.results
+            if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, arrival)
+        ] + [
+            float(t["capacity_rps"])
+            for t in self.tuning
+            if (t["model"], t["deadline_ms"], t["arrival"]) == (model, deadline, arrival)
+        ]
+        if any(found):
+            return 0.8 * max(found)
+        if arrival != "poisson":
+            return self._start_rate(model, deadline, "poisson", bound)
+        return bound
+
+    def compute_bound(self, model: str) -> dict[str, Any]:
+        with_frames = self.st.logdir / "frames.npz"
+        np.savez(with_frames, *[np.frombuffer(f, dtype=np.uint8) for f in self.frames])
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "peers_model.py"), "--bound", model,
+             "--frames", str(with_frames), "--repeats", "2"],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PEERS_TORCH_THREADS": str(THREADS)},
+        )  # fmt: skip
+        doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        doc["rps"] = round(compute_bound_rps(doc["decode_ms"], doc["forward_ms"]), 2)
+        doc["batched_rps"] = round(batched_ceiling_rps(doc), 2)
+        return doc
+
+    async def model(self, model: str) -> None:
+        before = await asyncio.to_thread(self.compute_bound, model)
+        print(
+            f"[{model}] compute bound: decode {before['decode_ms']:.1f} ms + forward "
+            f"{before['forward_ms']:.1f} ms ({before['layout']}) = {before['rps']:.1f} req/s; "
+            f"batched ceiling {before['batched_rps']:.1f} req/s",
+            flush=True,
+        )
+        self.bounds[model] = {"before": before}
+        for server in self.st.servers:
+            print(f"[{model}] {server}", flush=True)
+            await self.server_model(server, model, before["rps"])
+        after = await asyncio.to_thread(self.compute_bound, model)
+        self.bounds[model] = mean_bound(before, after)
+        print(
+            f"[{model}] compute bound after: {after['rps']:.1f} req/s "
+            f"(mean {self.bounds[model]['rps']:.1f}), batched ceiling {after['batched_rps']:.1f}",
+            flush=True,
+        )
+        warning = speed_warning(self.bounds[model])
+        if warning:
+            print(f"[{model}] {warning}", flush=True)
