@@ -71,7 +71,9 @@ layerbatch's crossing over the best peer's with a bootstrap interval over the ro
 (bench/peers_crossing.py).
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
-out/peers/. This file is the command line; the parts live beside it, each named for what it holds:
+out/peers/. Until then it keeps everything measured in peers.partial.json beside it, written after
+each search, settling and bound; `--resume` continues an interrupted run from there (given the
+same flags), and a new run refuses to start over it. This file is the command line; the parts live beside it, each named for what it holds:
 
     peers_settings.py  what a run measures          peers_knobs.py     knobs, grid, knobs on record
     peers_arrivals.py  Poisson and trace arrivals   peers_capacity.py  rate search, bounds
@@ -87,22 +89,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import os
-import platform
 import signal
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers_*`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peers_arrivals import AZURE_TRACE, FULL_LOAD, ROOT
-from bench.peers_crossing import THRESHOLD
 from bench.peers_interleave import interleaved_main
 from bench.peers_knobs import THREADS, tuning_grid
 from bench.peers_profile import profile_main
@@ -110,7 +106,7 @@ from bench.peers_report import report_main
 from bench.peers_servers import SERVERS
 from bench.peers_settings import MODELS, SETTLE_PAIRS, Settings
 from bench.peers_table import format_table, plot, table_rows
-from bench.peers_tuning import Bench
+from bench.peers_tuning import Bench, checkpoint_path, write_json
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -154,7 +150,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         help="layerbatch writes every step it runs beside its log (LOGDIR/*.steps.jsonl), for "
         "bench/step_replay.py",
     )
-    ap.add_argument("--out", help="JSON path (the PNG is beside it)")
+    ap.add_argument(
+        "--out",
+        help="JSON path (the PNG is beside it); until it is written, the full benchmark keeps "
+        "what it has measured beside it, in NAME.partial.json",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the unfinished run in --out's NAME.partial.json, given the flags it was "
+        "started with: what it measured is kept and only the rest is measured",
+    )
     ap.add_argument(
         "--profile",
         type=float,
@@ -202,6 +208,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     for w in [*(k.workers for k in grid), *replicas]:
         if not 1 <= w <= THREADS:
             raise SystemExit(f"--workers, --layerbatch-replicas: expected 1 to {THREADS}, got {w}")
+    if a.resume and (a.report or a.interleave or a.profile):
+        raise SystemExit("--resume: continues a full benchmark run, not --report, --interleave "
+                         "or --profile")  # fmt: skip
     if a.report:
         a.out = a.out or "out/peers-report.json"
     out = Path(a.out or f"bench/results/{'peers-quick' if q else 'peers'}.json")
@@ -230,6 +239,33 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         layerbatch_replicas=replicas,
         pause_idle=a.pause_idle,
         report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
+        resume=a.resume,
+    )
+
+
+def resume(bench: Bench, st: Settings) -> None:
+    """With --resume, `bench` takes up the unfinished run saved at its checkpoint; without,
+    that run is not overwritten (SystemExit saying so)."""
+    path = checkpoint_path(st.out)
+    if not path.exists():
+        if st.resume:
+            print(f"--resume: no unfinished run at {path}; starting from the beginning", flush=True)
+        return
+    if not st.resume:
+        raise SystemExit(
+            f"{path} holds an unfinished run: --resume continues it (with the flags it was "
+            "started with); to start over, delete it"
+        )
+    try:
+        bench.resume(json.loads(path.read_text()), str(path))
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--resume: {path}: expected a bench/peers.py run ({exc!r})") from None
+    except ValueError as exc:
+        raise SystemExit(f"--resume: {exc}") from None
+    print(
+        f"--resume: {len(bench.tuning)} tuning searches, {len(bench.settled)} settlings and "
+        f"{len(bench.results)} capacities on record in {path}",
+        flush=True,
     )
 
 
@@ -258,39 +294,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     if st.interleave:
         interleaved_main(st, frames, trace, st.interleave, st.rounds)
         return
-    bench = Bench(st, frames, trace)
-    t0 = time.monotonic()
+    bench = Bench(st, frames, trace, checkpoint_path(st.out))
+    resume(bench, st)
     print(
         f"servers {', '.join(st.servers)}; models {', '.join(st.models)}; deadlines "
         f"{', '.join(f'{d:g}' for d in st.deadlines)} ms; arrivals {', '.join(st.arrivals)}; "
         f"peer grid {', '.join(k.label for k in st.grid)}",
         flush=True,
     )
-    for model in st.models:
-        asyncio.run(bench.model(model))
+    try:
+        for model in st.models:
+            asyncio.run(bench.model(model))
+    except KeyboardInterrupt:
+        print(
+            f"what was measured is in {bench.checkpoint}; the same command with --resume "
+            "continues it",
+            flush=True,
+        )
+        raise
     bounds = {m: float(b["rps"]) for m, b in bench.bounds.items()}
     ceilings = {m: float(b["batched_rps"]) for m, b in bench.bounds.items()}
     rows = table_rows(bench.results, bounds, ceilings)
     text = format_table(rows, st.servers)
     print(text)
-    doc = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-        "elapsed_s": round(time.monotonic() - t0),
-        "settings": {
-            **{k: v for k, v in asdict(st).items() if k not in ("grid", "out", "logdir")},
-            "grid": [k.label for k in st.grid],
-            "threads": THREADS,
-            "threshold": THRESHOLD,
-        },
-        "compute_bound": bench.bounds,
-        "table": rows,
-        "checks": bench.checks,
-        "results": bench.results,
-        "tuning": bench.tuning,
-        "settled": bench.settled,
-    }
-    st.out.write_text(json.dumps(doc, indent=1, default=str))
+    doc = {**bench.document(), "table": rows}
+    write_json(st.out, doc)
+    checkpoint_path(st.out).unlink(missing_ok=True)
     plot(bench.results, bounds, st.out.with_suffix(".png"), ceilings)
     print(f"wrote {st.out} and {st.out.with_suffix('.png')} in {doc['elapsed_s']} s")
 

@@ -245,9 +245,6 @@ class Run:
         return s if self.server_exited is None else {**s, "server_exited": self.server_exited}
 
 
-Cache = dict[tuple[str, float], Run]  # (arrival, rate) -> run, for one server start
-
-
 async def measure_alone(
     load: Load,
     others: Mapping[str, Load],

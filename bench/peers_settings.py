@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from bench.peers_knobs import Knobs
+from bench.peers_crossing import THRESHOLD
+from bench.peers_knobs import THREADS, Knobs
 
 MODELS = ("resnet18", "mobilenet_v2", "googlenet")
 SETTLE_PAIRS = 3  # tuning: pairs that settle the best knobs against the second best
@@ -37,6 +40,17 @@ class Settings:
     report: list[Path] = field(default_factory=list)
     step_log: bool = False
     settle_pairs: int = SETTLE_PAIRS
+    resume: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """The settings as a run's JSON keeps them (as JSON reads them back): what was measured
+        and how, without where it was written or whether it was resumed."""
+        kept = {
+            k: v for k, v in asdict(self).items() if k not in ("grid", "out", "logdir", "resume")
+        }
+        kept |= {"grid": [k.label for k in self.grid], "threads": THREADS, "threshold": THRESHOLD}
+        doc: dict[str, Any] = json.loads(json.dumps(kept, default=str))
+        return doc
 
 
 def layerbatch_grid(st: Settings) -> list[Knobs]:

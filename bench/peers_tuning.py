@@ -5,10 +5,13 @@ knobs; and the server starts, restarts, warm-ups and measurements every mode sha
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
+import platform
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -25,23 +28,96 @@ from bench.peers_capacity import (
     speed_warning,
 )
 from bench.peers_crossing import THRESHOLD
-from bench.peers_knobs import THREADS, Knobs, best_knobs, runner_up, settled
-from bench.peers_load import Cache, ExitedEarly, Load, Run, measure_alone
+from bench.peers_knobs import THREADS, Knobs, best_knobs, knobs_from_label, runner_up, settled
+from bench.peers_load import ExitedEarly, Load, Run, measure_alone
 from bench.peers_servers import Running
 from bench.peers_settings import Settings, layerbatch_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_LOAD_S = 8.0  # --interleave: unmeasured load each server serves first
 
+Case = tuple[float, str]  # (deadline in ms, arrival process)
+Cache = dict[float, Run]  # rate -> run, for one case on one server start
+
+
+def recorded(
+    records: Sequence[dict[str, Any]], server: str, model: str, case: Case, **more: Any
+) -> dict[str, Any] | None:
+    """The first of `records` (tuning searches, settlings or capacities) of `server` on `model`
+    in `case` whose other fields equal `more`; None where there is none."""
+    key = {"server": server, "model": model, "deadline_ms": case[0], "arrival": case[1], **more}
+    return next((r for r in records if all(r.get(k) == v for k, v in key.items())), None)
+
+
+def write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    """`doc` written to `path` whole or not at all (a new file renamed over it)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(doc, indent=1, default=str))
+    part.replace(path)
+
+
+def checkpoint_path(out: Path) -> Path:
+    """Where the full benchmark keeps what it has measured until it writes `out`."""
+    return out.with_suffix(".partial.json")
+
 
 class Bench:
-    def __init__(self, st: Settings, frames: list[bytes], trace: np.ndarray) -> None:
+    """The full benchmark, and the server handling every mode shares. With a `checkpoint`
+    path, everything measured is written there as soon as it is measured (`save`): each tuning
+    search, settling, capacity and compute bound. A run `resume`d from that file measures only
+    what it lacks."""
+
+    def __init__(
+        self,
+        st: Settings,
+        frames: list[bytes],
+        trace: np.ndarray,
+        checkpoint: Path | None = None,
+    ) -> None:
         self.st, self.frames, self.trace = st, frames, trace
+        self.checkpoint = checkpoint
         self.results: list[dict[str, Any]] = []
         self.tuning: list[dict[str, Any]] = []
         self.settled: list[dict[str, Any]] = []
         self.bounds: dict[str, dict[str, Any]] = {}
         self.checks: dict[str, dict[str, Any]] = {}
+        self.t0_s = time.monotonic()
+        self.elapsed_before_s = 0.0  # a resumed run's time before this one
+
+    def resume(self, doc: Mapping[str, Any], name: str) -> None:
+        """Take up what the saved run `doc` (read from `name`) measured. Raises ValueError naming
+        the first setting in which this run differs from it: a resumed run measures the rest
+        the same way."""
+        before, now = doc.get("settings", {}), self.st.record()
+        for key in sorted(now.keys() | before.keys()):
+            if before.get(key) != now.get(key):
+                raise ValueError(
+                    f"{name} was measured with {key} = {before.get(key)!r}, this run has "
+                    f"{now.get(key)!r}: give the flags it was started with"
+                )
+        self.results, self.tuning = list(doc["results"]), list(doc["tuning"])
+        self.settled, self.bounds = list(doc["settled"]), dict(doc["compute_bound"])
+        self.checks = dict(doc["checks"])
+        self.elapsed_before_s = float(doc.get("elapsed_s", 0.0))
+
+    def document(self) -> dict[str, Any]:
+        """Everything measured so far, with the settings, date and machine."""
+        return {
+            "date": dt.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+            "elapsed_s": round(self.elapsed_before_s + time.monotonic() - self.t0_s),
+            "settings": self.st.record(),
+            "compute_bound": self.bounds,
+            "checks": self.checks,
+            "results": self.results,
+            "tuning": self.tuning,
+            "settled": self.settled,
+        }
+
+    def save(self) -> None:
+        """`document()` written to the checkpoint (`write_json`), where there is one."""
+        if self.checkpoint is not None:
+            write_json(self.checkpoint, self.document())
 
     def arrivals(
         self, arrival: str, rate: float, tuning: bool, seed: int
@@ -58,11 +134,11 @@ class Bench:
     async def measure(
         self, load: Load, cache: Cache, arrival: str, rate: float, tuning: bool
     ) -> Run:
-        """`load`'s run at `rate`, measured once per server start (`cache`). A server found dead
+        """`load`'s run at `rate`, measured once per case and server start (`cache`, the
+        runs of one case: a deadline and an arrival process). A server found dead
         is started again first (`revive`); one that dies during the run is measured again once,
         and where it dies again the run is kept, with its exit status, as what it served."""
-        key = (arrival, rate)
-        if key not in cache:
+        if rate not in cache:
             arr, dur = self.arrivals(arrival, rate, tuning, self.st.seed)
             for again in (False, True):
                 await self.revive(load, rate)
@@ -75,10 +151,10 @@ class Bench:
                     "measuring that rate again",
                     flush=True,
                 )
-            cache[key] = Run(samples, dur, exited)
+            cache[rate] = Run(samples, dur, exited)
             if exited is None:
                 await load.quiesce()
-        return cache[key]
+        return cache[rate]
 
     async def search(
         self,
@@ -109,12 +185,9 @@ class Bench:
         return rs
 
     @staticmethod
-    def runs_table(cache: Cache, arrival: str, deadline: float) -> dict[str, dict[str, Any]]:
-        return {
-            f"{rate:g}": run.summary(deadline)
-            for (a, rate), run in sorted(cache.items(), key=lambda kv: kv[0][1])
-            if a == arrival
-        }
+    def runs_table(cache: Cache, deadline: float) -> dict[str, dict[str, Any]]:
+        """One case's runs as a result records them: each rate's summary, by rate."""
+        return {f"{rate:g}": cache[rate].summary(deadline) for rate in sorted(cache)}
 
     def spawn(self, server: str, model: str, knobs: Knobs, deadline: float) -> Running:
         """`server`'s process, started with this run's settings (not yet answering)."""
@@ -226,6 +299,11 @@ class Bench:
         search each is noisy: layerbatch's 2 replicas lost to one runtime in tuning on both
         1000 ms trace cells and beat it in every later pair (bench/results/peers-log.md,
         session 48). Each settling is kept in `self.settled`."""
+        on_record = recorded(self.settled, server, model, case)
+        if on_record is not None:
+            print(f"  {server} {model} {case[0]:g} ms {case[1]}: {on_record['knobs']} in pairs, "
+                  "on record", flush=True)  # fmt: skip
+            return knobs_from_label(on_record["knobs"])
         pick, other = best_knobs(caps), runner_up(caps)
         if other is None or self.st.settle_pairs < 1:
             return pick
@@ -272,12 +350,14 @@ class Bench:
                 "knobs": chosen.label,
             }
         )
+        self.save()
         return chosen
 
     async def server_model(self, server: str, model: str, bound: float) -> None:
         """Tune (peers), then measure the best knobs per deadline, for each arrival process.
         A peer is tuned under each arrival process it is measured under: knobs best for Poisson
-        arrivals need not be best for the bursty trace (TorchServe's were not)."""
+        arrivals need not be best for the bursty trace (TorchServe's were not). What is on
+        record (a resumed run) is taken from there; a server is started only for the rest."""
         st = self.st
         grid = layerbatch_grid(st) if server == "layerbatch" else st.grid
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
@@ -285,88 +365,121 @@ class Bench:
         groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
         for group in groups:
             cases = [(d, a) for d in group for a in st.arrivals]
-            tuned: dict[tuple[float, str], dict[Knobs, tuple[float, float]]] = {
-                c: {} for c in cases
-            }
-            coarse: dict[Knobs, Cache] = {}
+            tuned: dict[Case, dict[Knobs, dict[str, Any]]] = {c: {} for c in cases}
             if len(grid) > 1:
                 for knobs in grid:
-                    load = await self.start(server, model, knobs, group[0])
-                    try:
-                        cache: Cache = {}
-                        coarse[knobs] = cache
-                        for d, arrival in cases:
-                            load.set_deadline(d)
-                            start = self._start_rate(model, d, arrival, bound)
-                            rs = await self.search(
-                                load, cache, arrival, d, start, st.tune_tol, True
-                            )
-                            fails = [r for r, ok in rs.tried if not ok]
-                            near = (
-                                cache[(arrival, min(fails))].summary(d)["on_time_ratio"]
-                                if fails
-                                else 1.0
-                            )
-                            tuned[(d, arrival)][knobs] = (rs.capacity, near or 0.0)
-                            self.tuning.append(
-                                {
-                                    "server": server,
-                                    "model": model,
-                                    "deadline_ms": d,
-                                    "arrival": arrival,
-                                    "knobs": asdict(knobs),
-                                    "capacity_rps": rs.capacity,
-                                    "on_time_at_first_failure": near,
-                                    "runs": self.runs_table(cache, arrival, d),
-                                }
-                            )
-                    finally:
-                        await self.stop(load)
-            best = {
-                c: await self.settle(server, model, c, tuned[c], group[0]) if tuned[c] else grid[0]
-                for c in cases
-            }
+                    await self.tune(server, model, knobs, cases, group[0], bound, tuned)
+            best = {}
+            for c in cases:
+                caps = {
+                    k: (float(r["capacity_rps"]), float(r["on_time_at_first_failure"] or 0.0))
+                    for k, r in tuned[c].items()
+                }
+                best[c] = await self.settle(server, model, c, caps, group[0]) if caps else grid[0]
             for knobs in dict.fromkeys(best.values()):
-                load = await self.start(server, model, knobs, group[0])
-                try:
-                    cache = {}
-                    for d, arrival in [c for c in cases if best[c] == knobs]:
-                        load.set_deadline(d)
-                        prior = coarse.get(knobs, {})
-                        known = [
-                            (rate, (run.summary(d)["on_time_ratio"] or 0) >= THRESHOLD)
-                            for (a, rate), run in prior.items()
-                            if a == arrival
-                        ]
-                        lo = max((r for r, ok in known if ok), default=None)
-                        hi = min((r for r, ok in known if not ok), default=None)
-                        seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
-                        start = self._start_rate(model, d, arrival, bound)
-                        rs = await self.search(
-                            load, cache, arrival, d, start, st.tol, False, known=seeds
-                        )
-                        self.results.append(
-                            {
-                                "server": server,
-                                "model": model,
-                                "deadline_ms": d,
-                                "arrival": arrival,
-                                "knobs": knobs.label,
-                                "tuned_under": arrival if len(grid) > 1 else None,
-                                "capacity_rps": rs.capacity,
-                                "runs": self.runs_table(cache, arrival, d),
-                                "tuning_runs_at_these_knobs": self.runs_table(prior, arrival, d)
-                                if prior
-                                else {},
-                            }
-                        )
-                        print(
-                            f"  => {server} {model} {d:g} ms {arrival}: capacity "
-                            f"{rs.capacity:g} req/s ({knobs.label})",
-                            flush=True,
-                        )
-                finally:
-                    await self.stop(load)
+                mine = [c for c in cases if best[c] == knobs]
+                await self.final(server, model, knobs, mine, group[0], bound, tuned)
+
+    async def tune(
+        self,
+        server: str,
+        model: str,
+        knobs: Knobs,
+        cases: Sequence[Case],
+        start_deadline_ms: float,
+        bound: float,
+        tuned: dict[Case, dict[Knobs, dict[str, Any]]],
+    ) -> None:
+        """`knobs`' capacity search in each of `cases`, at the tuning's tolerance, each kept in
+        `self.tuning` and in `tuned` (by case and knobs) and saved; a case on record is taken
+        from there."""
+        todo = []
+        for c in cases:
+            on_record = recorded(self.tuning, server, model, c, knobs=asdict(knobs))
+            if on_record is None:
+                todo.append(c)
+            else:
+                tuned[c][knobs] = on_record
+        if not todo:
+            print(f"  {server} {model} {knobs.label}: tuning on record", flush=True)
+            return
+        load = await self.start(server, model, knobs, start_deadline_ms)
+        try:
+            for d, arrival in todo:
+                load.set_deadline(d)
+                cache: Cache = {}
+                start = self._start_rate(model, d, arrival, bound)
+                rs = await self.search(load, cache, arrival, d, start, self.st.tune_tol, True)
+                fails = [r for r, ok in rs.tried if not ok]
+                near = cache[min(fails)].summary(d)["on_time_ratio"] if fails else 1.0
+                record = {
+                    "server": server,
+                    "model": model,
+                    "deadline_ms": d,
+                    "arrival": arrival,
+                    "knobs": asdict(knobs),
+                    "capacity_rps": rs.capacity,
+                    "on_time_at_first_failure": near,
+                    "runs": self.runs_table(cache, d),
+                }
+                self.tuning.append(record)
+                tuned[(d, arrival)][knobs] = record
+                self.save()
+        finally:
+            await self.stop(load)
+
+    async def final(
+        self,
+        server: str,
+        model: str,
+        knobs: Knobs,
+        cases: Sequence[Case],
+        start_deadline_ms: float,
+        bound: float,
+        tuned: Mapping[Case, Mapping[Knobs, Mapping[str, Any]]],
+    ) -> None:
+        """The capacity at `knobs` in each of `cases`, at the final tolerance, starting from
+        what their tuning search found at these knobs; each kept in `self.results` and saved.
+        A case on record is skipped."""
+        todo = [c for c in cases if recorded(self.results, server, model, c) is None]
+        if not todo:
+            print(f"  {server} {model} {knobs.label}: capacities on record", flush=True)
+            return
+        load = await self.start(server, model, knobs, start_deadline_ms)
+        try:
+            for d, arrival in todo:
+                load.set_deadline(d)
+                prior = tuned[(d, arrival)].get(knobs, {}).get("runs", {})
+                known = [
+                    (float(r), (s["on_time_ratio"] or 0) >= THRESHOLD) for r, s in prior.items()
+                ]
+                lo = max((r for r, ok in known if ok), default=None)
+                hi = min((r for r, ok in known if not ok), default=None)
+                seeds = [(r, ok) for r, ok in ((lo, True), (hi, False)) if r]
+                start = self._start_rate(model, d, arrival, bound)
+                cache: Cache = {}
+                rs = await self.search(load, cache, arrival, d, start, self.st.tol, False, seeds)
+                self.results.append(
+                    {
+                        "server": server,
+                        "model": model,
+                        "deadline_ms": d,
+                        "arrival": arrival,
+                        "knobs": knobs.label,
+                        "tuned_under": arrival if tuned[(d, arrival)] else None,
+                        "capacity_rps": rs.capacity,
+                        "runs": self.runs_table(cache, d),
+                        "tuning_runs_at_these_knobs": dict(prior),
+                    }
+                )
+                self.save()
+                print(
+                    f"  => {server} {model} {d:g} ms {arrival}: capacity "
+                    f"{rs.capacity:g} req/s ({knobs.label})",
+                    flush=True,
+                )
+        finally:
+            await self.stop(load)
 
     def _start_rate(self, model: str, deadline: float, arrival: str, bound: float) -> float:
         """Where a capacity search starts: 0.8 x the best capacity found so far for this model,
@@ -403,19 +516,47 @@ class Bench:
         return doc
 
     async def model(self, model: str) -> None:
-        before = await asyncio.to_thread(self.compute_bound, model)
+        """Every server on `model` (`server_model`), between two measurements of the compute
+        bound; a model on record whole (its bound measured after) is skipped. A model resumed
+        halfway has its bound measured again (kept under "resumed"), and a warning where the
+        machine's speed differs from when its runs began."""
+        on_record = self.bounds.get(model, {})
+        if "after" in on_record:
+            print(f"[{model}] on record: every server measured", flush=True)
+            return
+        before: dict[str, Any] | None = on_record.get("before")
+        if before is None:
+            before = await asyncio.to_thread(self.compute_bound, model)
         print(
             f"[{model}] compute bound: decode {before['decode_ms']:.1f} ms + forward "
             f"{before['forward_ms']:.1f} ms ({before['layout']}) = {before['rps']:.1f} req/s; "
-            f"batched ceiling {before['batched_rps']:.1f} req/s",
+            f"batched ceiling {before['batched_rps']:.1f} req/s"
+            + (" (on record)" if on_record else ""),
             flush=True,
         )
-        self.bounds[model] = {"before": before}
-        for server in self.st.servers:
-            print(f"[{model}] {server}", flush=True)
+        resumed: list[dict[str, Any]] = list(on_record.get("resumed", []))
+        if on_record:
+            resumed.append(await asyncio.to_thread(self.compute_bound, model))
+            warning = speed_warning(mean_bound(before, resumed[-1]))
+            if warning:
+                print(f"[{model}] resumed: {warning}", flush=True)
+        self.bounds[model] = {"before": before, **({"resumed": resumed} if resumed else {})}
+        self.save()
+        for i, server in enumerate(self.st.servers, 1):
+            hours, rest_s = divmod(self.elapsed_before_s + time.monotonic() - self.t0_s, 3600)
+            print(
+                f"[{model}] {server} (server {i} of {len(self.st.servers)}, model "
+                f"{self.st.models.index(model) + 1} of {len(self.st.models)}; "
+                f"{int(hours)} h {int(rest_s // 60)} min so far)",
+                flush=True,
+            )
             await self.server_model(server, model, before["rps"])
         after = await asyncio.to_thread(self.compute_bound, model)
-        self.bounds[model] = mean_bound(before, after)
+        self.bounds[model] = {
+            **mean_bound(before, after),
+            **({"resumed": resumed} if resumed else {}),
+        }
+        self.save()
         print(
             f"[{model}] compute bound after: {after['rps']:.1f} req/s "
             f"(mean {self.bounds[model]['rps']:.1f}), batched ceiling {after['batched_rps']:.1f}",
