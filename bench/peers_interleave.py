@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
-import platform
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +17,7 @@ from bench.peers_knobs import UNTUNED, Knobs, knobs_on_record
 from bench.peers_load import Load
 from bench.peers_report import mean_on_time, report_interleaved
 from bench.peers_settings import Settings, layerbatch_grid
-from bench.peers_tuning import Bench
+from bench.peers_tuning import Bench, machine_text
 
 
 async def interleaved(
@@ -46,7 +44,7 @@ async def interleaved(
     loads: dict[str, Load] = {}
     out: dict[str, Any] = {
         "date": dt.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        "machine": machine_text(),
         "model": model,
         "deadline_ms": deadline,
         "arrival": arrival,

@@ -56,6 +56,11 @@ def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     part.replace(path)
 
 
+def machine_text() -> str:
+    """This machine as a run's JSON names it: architecture, cores, platform."""
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+
+
 def checkpoint_path(out: Path) -> Path:
     """Where the full benchmark keeps what it has measured until it writes `out`."""
     return out.with_suffix(".partial.json")
@@ -104,8 +109,8 @@ class Bench:
         """Everything measured so far, with the settings, date and machine."""
         return {
             "date": dt.date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "elapsed_s": round(self.elapsed_before_s + time.monotonic() - self.t0_s),
+            "machine": machine_text(),
+            "elapsed_s": round(self.elapsed_s()),
             "settings": self.st.record(),
             "compute_bound": self.bounds,
             "checks": self.checks,
@@ -113,6 +118,10 @@ class Bench:
             "tuning": self.tuning,
             "settled": self.settled,
         }
+
+    def elapsed_s(self) -> float:
+        """Seconds this run has measured for, a resumed run's earlier time included."""
+        return self.elapsed_before_s + time.monotonic() - self.t0_s
 
     def save(self) -> None:
         """`document()` written to the checkpoint (`write_json`), where there is one."""
@@ -540,10 +549,11 @@ class Bench:
             warning = speed_warning(mean_bound(before, resumed[-1]))
             if warning:
                 print(f"[{model}] resumed: {warning}", flush=True)
-        self.bounds[model] = {"before": before, **({"resumed": resumed} if resumed else {})}
+        kept = {"resumed": resumed} if resumed else {}
+        self.bounds[model] = {"before": before, **kept}
         self.save()
         for i, server in enumerate(self.st.servers, 1):
-            hours, rest_s = divmod(self.elapsed_before_s + time.monotonic() - self.t0_s, 3600)
+            hours, rest_s = divmod(self.elapsed_s(), 3600)
             print(
                 f"[{model}] {server} (server {i} of {len(self.st.servers)}, model "
                 f"{self.st.models.index(model) + 1} of {len(self.st.models)}; "
@@ -552,10 +562,7 @@ class Bench:
             )
             await self.server_model(server, model, before["rps"])
         after = await asyncio.to_thread(self.compute_bound, model)
-        self.bounds[model] = {
-            **mean_bound(before, after),
-            **({"resumed": resumed} if resumed else {}),
-        }
+        self.bounds[model] = {**mean_bound(before, after), **kept}
         self.save()
         print(
             f"[{model}] compute bound after: {after['rps']:.1f} req/s "
