@@ -24,7 +24,9 @@ capacity found so far, else from the compute bound, then bisection to a toleranc
 knobs are tuned over a stated grid (workers x max batch x max delay; the best by capacity, then by
 on-time ratio at the rate above it; then that best and the second best serve the same arrivals
 at the best's capacity in --settle-pairs pairs, and the one with more on time is kept: one search
-each is noisy), at each deadline under each arrival process, and its best there is the one
+each is noisy; once one knob has a capacity, each later one is first run at the best so far and
+searched only if on time there, else recorded as below it, ranked after those searched by its
+on-time ratio there: --no-screen searches them all), at each deadline under each arrival process, and its best there is the one
 reported; Triton also rejects a request that has queued longer than the deadline
 (its queue policy), and Ray Serve takes up to 256 requests at once per replica
 (`max_ongoing_requests`), both of which only help them. A server that dies in a search's run
@@ -138,6 +140,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         f"on the same arrivals, the better kept (default {SETTLE_PAIRS}; 0: the best capacity "
         "stands)",
     )
+    ap.add_argument(
+        "--screen",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tuning: a knob is first run at the best capacity its server's knobs reached so far "
+        "in the case and searched only if on time there, else recorded as below it (it cannot "
+        "be the best); --no-screen searches every knob's capacity",
+    )
     ap.add_argument("--duration", type=float, help="seconds per measured rate")
     ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
     ap.add_argument("--min-requests", type=int, help="at least this many requests per rate")
@@ -240,6 +250,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         pause_idle=a.pause_idle,
         report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
         resume=a.resume,
+        screen=a.screen,
     )
 
 

@@ -19,13 +19,18 @@ def round_rate(rate: float) -> float:
 class RateSearch:
     """The capacity search on the rate: from `start`, grow (x`grow`) while on time, shrink while
     not, then bisect (geometric mean) until hi / lo <= 1 + tol. `lo`/`hi` may be known already
-    (rates known on time / not). The capacity is `lo` (0 when no rate >= `min_rate` was)."""
+    (rates known on time / not). The capacity is `lo` (0 when no rate >= `min_rate` was).
+    With a `floor` the search stops as soon as a rate at or below it is not on time
+    (`below_floor`): only a capacity above the floor was asked for. With `then`, an on-time
+    `start` is followed by `then` (when higher) instead of start x grow."""
 
     start: float
     tol: float = 0.1
     grow: float = 1.5
     min_rate: float = 0.5
     max_rate: float = 1000.0
+    floor: float | None = None
+    then: float | None = None
     lo: float | None = None
     hi: float | None = None
     tried: list[tuple[float, bool]] = field(default_factory=list)
@@ -40,8 +45,15 @@ class RateSearch:
             # noise: a higher rate was on time, a lower one not; trust the lower failure
             self.lo = max((r for r, k in self.tried if k and r < self.hi), default=None)
 
+    @property
+    def below_floor(self) -> bool:
+        """Whether a rate at or below `floor` was not on time, which ends the search."""
+        return self.floor is not None and self.hi is not None and self.hi <= self.floor
+
     def next_rate(self) -> float | None:
         lo, hi = self.lo, self.hi
+        if self.below_floor:
+            return None
         if lo is None and hi is None:
             r = self.start
         elif lo is None:
@@ -53,6 +65,8 @@ class RateSearch:
             if lo >= self.max_rate:
                 return None
             r = min(lo * self.grow, self.max_rate)
+            if self.then is not None and self.then > lo:
+                r = self.then
         else:
             if hi / lo <= 1.0 + self.tol:
                 return None

@@ -41,6 +41,7 @@ class Settings:
     step_log: bool = False
     settle_pairs: int = SETTLE_PAIRS
     resume: bool = False
+    screen: bool = True
 
     def record(self) -> dict[str, Any]:
         """The settings as a run's JSON keeps them (as JSON reads them back): what was measured

@@ -61,6 +61,24 @@ def machine_text() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
 
 
+def screening_bar(records: Iterable[Mapping[str, Any]]) -> tuple[float, float | None] | None:
+    """Where one server's next knob is screened in one case, from its tuning `records` there:
+    the best one's capacity (the bar; best as `best_knobs` ranks them), and the lowest rate above
+    it at which that best was not on time (None where it never failed); None where none has a
+    capacity yet."""
+    searched = [r for r in records if r["capacity_rps"]]
+    if not searched:
+        return None
+    best = max(searched, key=lambda r: (r["capacity_rps"], r["on_time_at_first_failure"] or 0.0))
+    bar = float(best["capacity_rps"])
+    fails = [
+        float(rate)
+        for rate, s in best["runs"].items()
+        if float(rate) > bar and (s["on_time_ratio"] or 0.0) < THRESHOLD
+    ]
+    return bar, min(fails, default=None)
+
+
 def checkpoint_path(out: Path) -> Path:
     """Where the full benchmark keeps what it has measured until it writes `out`."""
     return out.with_suffix(".partial.json")
@@ -175,8 +193,12 @@ class Bench:
         tol: float,
         tuning: bool,
         known: Sequence[tuple[float, bool]] = (),
+        floor: float | None = None,
+        then: float | None = None,
     ) -> RateSearch:
-        rs = RateSearch(start, tol)
+        """`load`'s capacity in one case (`RateSearch` from `start`, given what is `known`,
+        with its `floor` and `then`), each rate measured once (`measure`)."""
+        rs = RateSearch(start, tol, floor=floor, then=then)
         for rate, ok in known:
             rs.record(rate, ok)
         while (r := rs.next_rate()) is not None:
@@ -380,8 +402,8 @@ class Bench:
                     await self.tune(server, model, knobs, cases, group[0], bound, tuned)
             best = {}
             for c in cases:
-                caps = {
-                    k: (float(r["capacity_rps"]), float(r["on_time_at_first_failure"] or 0.0))
+                caps = {  # a knob screened out (no capacity) ranks below every one searched
+                    k: (r["capacity_rps"] or 0.0, r["on_time_at_first_failure"] or 0.0)
                     for k, r in tuned[c].items()
                 }
                 best[c] = await self.settle(server, model, c, caps, group[0]) if caps else grid[0]
@@ -401,7 +423,12 @@ class Bench:
     ) -> None:
         """`knobs`' capacity search in each of `cases`, at the tuning's tolerance, each kept in
         `self.tuning` and in `tuned` (by case and knobs) and saved; a case on record is taken
-        from there."""
+        from there. With `st.screen`, where another of this server's knobs has a capacity in
+        the case, the search is screened (`screening_bar`): it starts at the best capacity so
+        far (the bar) and ends if not on time there (these knobs cannot be the best: recorded
+        with no capacity, "below_rps" the bar, and their on-time ratio there); else it goes on
+        at the rate where the best first failed, and ends if not on time there too (a tie,
+        decided as any is, by the on-time ratio at that rate), else searches on from it."""
         todo = []
         for c in cases:
             on_record = recorded(self.tuning, server, model, c, knobs=asdict(knobs))
@@ -417,8 +444,12 @@ class Bench:
             for d, arrival in todo:
                 load.set_deadline(d)
                 cache: Cache = {}
-                start = self._start_rate(model, d, arrival, bound)
-                rs = await self.search(load, cache, arrival, d, start, self.st.tune_tol, True)
+                screen = screening_bar(tuned[(d, arrival)].values()) if self.st.screen else None
+                bar, then = screen or (None, None)
+                start = bar or self._start_rate(model, d, arrival, bound)
+                rs = await self.search(
+                    load, cache, arrival, d, start, self.st.tune_tol, True, floor=bar, then=then
+                )
                 fails = [r for r, ok in rs.tried if not ok]
                 near = cache[min(fails)].summary(d)["on_time_ratio"] if fails else 1.0
                 record = {
@@ -427,10 +458,14 @@ class Bench:
                     "deadline_ms": d,
                     "arrival": arrival,
                     "knobs": asdict(knobs),
-                    "capacity_rps": rs.capacity,
+                    "capacity_rps": None if rs.below_floor else rs.capacity,
                     "on_time_at_first_failure": near,
                     "runs": self.runs_table(cache, d),
                 }
+                if rs.below_floor:
+                    record["below_rps"] = bar
+                    print(f"    {server} {knobs.label}: screened out, below {bar:g} req/s, "
+                          "the best capacity so far", flush=True)  # fmt: skip
                 self.tuning.append(record)
                 tuned[(d, arrival)][knobs] = record
                 self.save()
@@ -503,6 +538,7 @@ class Bench:
             float(t["capacity_rps"])
             for t in self.tuning
             if (t["model"], t["deadline_ms"], t["arrival"]) == (model, deadline, arrival)
+            and t["capacity_rps"] is not None  # screened out: only "below" some rate
         ]
         if any(found):
             return 0.8 * max(found)

@@ -108,6 +108,29 @@ def test_rate_search_reports_zero_when_even_the_floor_fails() -> None:
     assert min(r for r, _ in rs.tried) == 0.5
 
 
+def test_rate_search_with_a_floor_stops_at_a_failure_there_and_goes_on_above_it() -> None:
+    rs = RateSearch(20.0, tol=0.1, floor=20.0)
+    assert rs.next_rate() == 20.0
+    rs.record(20.0, False)
+    assert rs.below_floor and rs.next_rate() is None and rs.capacity == 0.0
+    above, plain = RateSearch(20.0, tol=0.1, floor=20.0), RateSearch(20.0, tol=0.1)
+    for rs in (above, plain):
+        while (r := rs.next_rate()) is not None:
+            rs.record(r, r <= 27.0)
+    assert not above.below_floor and above.tried == plain.tried and above.capacity > 20.0
+
+
+def test_rate_search_goes_from_an_on_time_start_to_then_and_grows_from_there() -> None:
+    tie = RateSearch(20.0, tol=0.1, floor=20.0, then=22.0)
+    for ok in (True, False):
+        tie.record(tie.next_rate() or 0.0, ok)
+    assert tie.tried == [(20.0, True), (22.0, False)] and tie.next_rate() is None
+    better = RateSearch(20.0, tol=0.1, floor=20.0, then=22.0)
+    for ok in (True, True):
+        better.record(better.next_rate() or 0.0, ok)
+    assert better.next_rate() == 33.0  # 22 x 1.5
+
+
 def test_rate_search_uses_known_bounds_and_survives_a_noisy_inversion() -> None:
     rs = RateSearch(10.0, tol=0.1)
     rs.record(10.0, True)
