@@ -28,7 +28,15 @@ from bench.peers_capacity import (
     speed_warning,
 )
 from bench.peers_crossing import THRESHOLD
-from bench.peers_knobs import THREADS, Knobs, best_knobs, knobs_from_label, runner_up, settled
+from bench.peers_knobs import (
+    THREADS,
+    Knobs,
+    best_knobs,
+    knobs_from_label,
+    knobs_on_record,
+    runner_up,
+    settled,
+)
 from bench.peers_load import ExitedEarly, Load, Run, measure_alone
 from bench.peers_servers import Running
 from bench.peers_settings import Settings, layerbatch_grid
@@ -390,12 +398,12 @@ class Bench:
         arrivals need not be best for the bursty trace (TorchServe's were not). What is on
         record (a resumed run) is taken from there; a server is started only for the rest."""
         st = self.st
-        grid = layerbatch_grid(st) if server == "layerbatch" else st.grid
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
         # layerbatch takes it per request, the others ignore it: one start serves every deadline
         groups = [[d] for d in st.deadlines] if server == "triton" else [st.deadlines]
         for group in groups:
             cases = [(d, a) for d in group for a in st.arrivals]
+            grid = self.grid_order(server, model, cases)
             tuned: dict[Case, dict[Knobs, dict[str, Any]]] = {c: {} for c in cases}
             if len(grid) > 1:
                 for knobs in grid:
@@ -410,6 +418,22 @@ class Bench:
             for knobs in dict.fromkeys(best.values()):
                 mine = [c for c in cases if best[c] == knobs]
                 await self.final(server, model, knobs, mine, group[0], bound, tuned)
+
+    def grid_order(self, server: str, model: str, cases: Sequence[Case]) -> list[Knobs]:
+        """`server`'s grid in the order its knobs are tuned in `cases`: first those that were
+        its best in them in the tuning runs on record beside `st.out` (`knobs_on_record`), then
+        the rest in grid order. Only the time differs: the first knob's search is the only one
+        not screened, and the better the first knobs the fewer are searched past their screen."""
+        grid = layerbatch_grid(self.st) if server == "layerbatch" else self.st.grid
+        found = [
+            knobs_on_record(self.st.out, model, d, a, self.st.min_requests).get(server)
+            for d, a in cases
+        ]
+        lead = [k for k in dict.fromkeys(f[0] for f in found if f) if k in grid]
+        if lead:
+            print(f"  {server} {model}: tried first, best on record: "
+                  f"{', '.join(k.label for k in lead)}", flush=True)  # fmt: skip
+        return lead + [k for k in grid if k not in lead]
 
     async def tune(
         self,

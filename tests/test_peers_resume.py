@@ -237,6 +237,23 @@ def test_a_knob_level_with_the_best_so_far_is_measured_where_the_best_failed_and
     assert {r["knobs"] for r in bench.results} == {"B=8,5ms"}
 
 
+def test_the_knobs_best_in_a_tuning_run_on_record_are_tried_first(tmp_path: Path) -> None:
+    """A tuning file beside --out names B=8 TorchServe's best at 300 ms under Poisson arrivals:
+    B=8 is tuned first, and B=4 then costs one run a case, screened out below it."""
+    record = {"server": "torchserve", "model": "resnet18", "deadline_ms": 300.0}
+    doc = {
+        "results": [{**record, "arrival": "poisson", "tuned_under": "poisson", "knobs": "B=8,5ms"}]
+    }
+    (tmp_path / "peers-quick-resnet18-earlier.json").write_text(json.dumps(doc))
+    st = settings(tmp_path)
+    assert [k.label for k in st.grid] == ["B=4,5ms", "B=8,5ms"]
+    bench = Scripted(st, checkpoint_path(st.out))
+    asyncio.run(bench.server_model("torchserve", "resnet18", 40.0))
+    assert [e[1] for e in bench.log if e[0] == "start"] == ["B=8,5ms", "B=4,5ms", "B=8,5ms"]
+    assert [len(t["runs"]) for t in bench.tuning if t["knobs"]["max_batch"] == 4] == [1] * 4
+    assert {r["knobs"] for r in bench.results} == {"B=8,5ms"}
+
+
 def test_a_settling_on_record_is_taken_as_it_was_decided(tmp_path: Path) -> None:
     st = settings(tmp_path)
     bench = Scripted(st, checkpoint_path(st.out))
