@@ -27,9 +27,9 @@ at the best's capacity in --settle-pairs pairs, and the one with more on time is
 each is noisy; once one knob has a capacity, each later one is first run at the best so far and
 searched only if on time there, else recorded as below it, ranked after those searched by its
 on-time ratio there: --no-screen searches them all; knobs best in tuning runs on record beside
---out are tried first, which saves time only), at each deadline under each arrival process, and its best there is the one
-reported; Triton also rejects a request that has queued longer than the deadline
-(its queue policy), and Ray Serve takes up to 256 requests at once per replica
+--out are tried first, which saves time only), at each deadline under each arrival process, and
+its best there is the one reported; Triton also rejects a request that has queued longer than
+the deadline (its queue policy), and Ray Serve takes up to 256 requests at once per replica
 (`max_ongoing_requests`), both of which only help them. A server that dies in a search's run
 (Triton's Python backend segfaulted once under load in over a hundred runs) is said, started again
 with the same knobs, warmed up, and measured at that rate again; where it dies again, that run is

@@ -69,6 +69,12 @@ def machine_text() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
 
 
+def tuning_rank(record: Mapping[str, Any]) -> tuple[float, float]:
+    """A tuning search's place in `best_knobs`'s order: its capacity (0 for a knob screened
+    out, which has none: below every one searched), then its on-time ratio at its first failure."""
+    return record["capacity_rps"] or 0.0, record["on_time_at_first_failure"] or 0.0
+
+
 def screening_bar(records: Iterable[Mapping[str, Any]]) -> tuple[float, float | None] | None:
     """Where one server's next knob is screened in one case, from its tuning `records` there:
     the best one's capacity (the bar; best as `best_knobs` ranks them), and the lowest rate above
@@ -77,7 +83,7 @@ def screening_bar(records: Iterable[Mapping[str, Any]]) -> tuple[float, float | 
     searched = [r for r in records if r["capacity_rps"]]
     if not searched:
         return None
-    best = max(searched, key=lambda r: (r["capacity_rps"], r["on_time_at_first_failure"] or 0.0))
+    best = max(searched, key=tuning_rank)
     bar = float(best["capacity_rps"])
     fails = [
         float(rate)
@@ -410,10 +416,7 @@ class Bench:
                     await self.tune(server, model, knobs, cases, group[0], bound, tuned)
             best = {}
             for c in cases:
-                caps = {  # a knob screened out (no capacity) ranks below every one searched
-                    k: (r["capacity_rps"] or 0.0, r["on_time_at_first_failure"] or 0.0)
-                    for k, r in tuned[c].items()
-                }
+                caps = {k: tuning_rank(r) for k, r in tuned[c].items()}
                 best[c] = await self.settle(server, model, c, caps, group[0]) if caps else grid[0]
             for knobs in dict.fromkeys(best.values()):
                 mine = [c for c in cases if best[c] == knobs]
