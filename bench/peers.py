@@ -18,9 +18,16 @@ deadline; the client gives up on a request at its deadline (as a camera would: a
 worthless), which lets a server that cancels abandoned requests (layerbatch, Ray Serve) shed them.
 
 For each server, model, deadline (300 and 1000 ms) and arrival process (Poisson; the Azure LLM code
-trace's first --min-requests arrivals rescaled to the rate), the capacity is the highest rate whose
-on-time ratio is >= 0.9, found by a search on the rate (grow/shrink by 1.5x from 0.8x the best
-capacity found so far, else from the compute bound, then bisection to a tolerance). Each peer's
+trace's first --min-requests arrivals rescaled to the rate), the capacity is where its on-time
+ratio falls under 0.9. Tuning finds it by a search on the rate (grow/shrink by 1.5x from 0.8x the
+best capacity found so far, else from the compute bound, then bisection to a tolerance). The
+capacities reported are then measured in interleaved rounds (bench/peers_final.py,
+--final-rounds, default 2): per case every server up at once at its pick, each measured in turn
+on the same arrivals at 4-6 rates around the tuned capacities (further out for a server that
+does not cross 0.9 between them), its capacity the crossing of its mean on-time ratio over the
+rounds, and layerbatch / best peer with its interval over the rounds, as --interleave runs
+measure them; --final-rounds 0 searches each server's capacity at its pick instead, one server
+after another (on a drifting machine those compare servers at different speeds). Each peer's
 knobs are tuned over a stated grid (workers x max batch x max delay; the best by capacity, then by
 on-time ratio at the rate above it; then that best and the second best serve the same arrivals
 at the best's capacity in --settle-pairs pairs, and the one with more on time is kept: one search
@@ -75,13 +82,15 @@ layerbatch's crossing over the best peer's with a bootstrap interval over the ro
 
 Writes bench/results/peers.json (or peers-quick.json) and the PNG beside it; server logs under
 out/peers/. Until then it keeps everything measured in peers.partial.json beside it, written after
-each search, settling and bound; `--resume` continues an interrupted run from there (given the
-same flags), and a new run refuses to start over it. This file is the command line; the parts live beside it, each named for what it holds:
+each search, settling, final round and bound; `--resume` continues an interrupted run from there
+(given the same flags), and a new run refuses to start over it. This file is the command line;
+the parts live beside it, each named for what it holds:
 
     peers_settings.py  what a run measures          peers_knobs.py     knobs, grid, knobs on record
     peers_arrivals.py  Poisson and trace arrivals   peers_capacity.py  rate search, bounds
     peers_servers.py   server commands, processes   peers_load.py      load generator, protocols
     peers_tuning.py    the full benchmark (Bench)   peers_interleave.py  --interleave
+    peers_final.py     its final rounds, the rounds --interleave runs too
     peers_report.py    --report, pooled runs        peers_profile.py   --profile (py-spy)
     peers_table.py     table and plot               peers_crossing.py, peers_ideal.py, peers_busy.py
 
@@ -92,22 +101,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 if __package__ in (None, ""):  # run as a script: the repository root, for `bench.peers_*`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peers_arrivals import AZURE_TRACE, FULL_LOAD, ROOT
+from bench.peers_final import final_interval
 from bench.peers_interleave import interleaved_main
 from bench.peers_knobs import THREADS, tuning_grid
 from bench.peers_profile import profile_main
 from bench.peers_report import report_main
 from bench.peers_servers import SERVERS
-from bench.peers_settings import MODELS, SETTLE_PAIRS, Settings
+from bench.peers_settings import FINAL_ROUNDS, MODELS, SETTLE_PAIRS, Settings
 from bench.peers_table import format_table, plot, table_rows
 from bench.peers_tuning import Bench, checkpoint_path, write_json
 
@@ -148,6 +161,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         help="tuning: a knob is first run at the best capacity its server's knobs reached so far "
         "in the case and searched only if on time there, else recorded as below it (it cannot "
         "be the best); --no-screen searches every knob's capacity",
+    )
+    ap.add_argument(
+        "--final-rounds",
+        type=int,
+        default=FINAL_ROUNDS,
+        help="the capacities: once every server is tuned on a model, all of them up at once at "
+        "their picks, measured in turn at rates around the tuned capacities this many rounds, "
+        "each capacity where its mean on-time ratio crosses 0.9 (default "
+        f"{FINAL_ROUNDS}; 0: each server's capacity searched on its own, one after another)",
     )
     ap.add_argument("--duration", type=float, help="seconds per measured rate")
     ap.add_argument("--tune-duration", type=float, help="seconds per rate while tuning")
@@ -216,6 +238,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     replicas = tuple(sorted({int(x) for x in a.layerbatch_replicas.split(",")}))
     if a.settle_pairs < 0:
         raise SystemExit(f"--settle-pairs: expected 0 or more, got {a.settle_pairs}")
+    if a.final_rounds < 0:
+        raise SystemExit(f"--final-rounds: expected 0 or more, got {a.final_rounds}")
     for w in [*(k.workers for k in grid), *replicas]:
         if not 1 <= w <= THREADS:
             raise SystemExit(f"--workers, --layerbatch-replicas: expected 1 to {THREADS}, got {w}")
@@ -252,6 +276,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         report=[Path(x) for x in a.report.split(",") if x] if a.report else [],
         resume=a.resume,
         screen=a.screen,
+        final_rounds=a.final_rounds,
     )
 
 
@@ -329,6 +354,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = table_rows(bench.results, bounds, ceilings)
     text = format_table(rows, st.servers)
     print(text)
+    rng = np.random.default_rng(st.seed)
+    for row in rows:
+        interval = final_interval(bench.finals, row, rng)
+        if interval is not None:
+            row["layerbatch_over_best_peer_interval"] = dataclasses.asdict(interval)
+            print(f"{row['model']}, {row['deadline_ms']:g} ms, {row['arrival']}: layerbatch / "
+                  f"best peer {interval.text()}")  # fmt: skip
     doc = {**bench.document(), "table": rows}
     write_json(st.out, doc)
     checkpoint_path(st.out).unlink(missing_ok=True)

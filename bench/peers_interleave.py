@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from bench.peers_busy import busy_line
 from bench.peers_capacity import mean_bound
+from bench.peers_final import Runs, measure_rounds
 from bench.peers_knobs import UNTUNED, Knobs, knobs_on_record
 from bench.peers_load import Load
 from bench.peers_report import mean_on_time, report_interleaved
@@ -53,49 +52,25 @@ async def interleaved(
         "paused_idle": st.pause_idle,
         "compute_bound": {"before": await asyncio.to_thread(bench.compute_bound, model)},
     }
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in knobs}
+    runs: Runs = {s: {} for s in knobs}
+    restarts: dict[str, list[dict[str, Any]]] = {}
     try:
         for server, k in knobs.items():
             loads[server] = await bench.start(server, model, k, deadline)
         await bench.warm(loads.values(), rates[0], deadline)
-        for rnd in range(rounds):
-            for rate in rates:
-                order = list(knobs) if rnd % 2 == 0 else list(reversed(knobs))
-                for server in order:
-                    if await bench.revive(loads[server], rate):
-                        out.setdefault("restarts", {}).setdefault(server, []).append(
-                            {"round": rnd, "rps": rate}
-                        )
-                    arr, dur = bench.arrivals(arrival, rate, False, st.seed + rnd)
-                    others = {n: x for n, x in loads.items() if n != server}
-                    s = await bench.alone(loads[server], others, arr, dur, deadline)
-                    runs[server].setdefault(f"{rate:g}", []).append(s)
-                    print(
-                        f"  round {rnd} {rate:>5.1f} req/s {server:<11} {round_line(s)}",
-                        flush=True,
-                    )
+        wanted = {s: rates for s in knobs}
+        await measure_rounds(bench, loads, wanted, arrival, deadline, rounds, runs, restarts)
     finally:
         for load in loads.values():
             await bench.stop(load)
     before = out["compute_bound"]["before"]
     out["compute_bound"] = mean_bound(before, await asyncio.to_thread(bench.compute_bound, model))
+    if restarts:
+        out["restarts"] = restarts
     out["knobs"] = {s: k.label for s, k in knobs.items()}
     out["runs"] = runs
     out["mean_on_time"] = mean_on_time(runs)
     return out
-
-
-def round_line(s: Mapping[str, Any]) -> str:
-    """One measured round as `--interleave` prints it; errors and a server that died are said."""
-    return (
-        f"on-time {s['on_time_ratio']:.3f} mean {s['mean_ms'] or 0:6.1f} "
-        f"p99 {s['p99_ms'] or 0:6.1f} dropped {s['dropped']} timeouts {s['timeouts']} "
-        + (f"errors {s['errors']} " if s.get("errors") else "")
-        + (f"SERVER EXITED ({s['server_exited']}) " if "server_exited" in s else "")
-        + f"others' CPU {sum(s['others_cpu_s'].values()):.1f} s "
-        f"client {s['client_cpu_share']:.0%} of a core"
-        + (f"; {busy_line(s['busy_share'])}" if "busy_share" in s else "")
-    )
 
 
 def interleaved_main(

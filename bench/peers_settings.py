@@ -12,6 +12,7 @@ from bench.peers_knobs import THREADS, Knobs
 
 MODELS = ("resnet18", "mobilenet_v2", "googlenet")
 SETTLE_PAIRS = 3  # tuning: pairs that settle the best knobs against the second best
+FINAL_ROUNDS = 2  # the capacities: interleaved rounds per case (0: a search per server)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Settings:
     settle_pairs: int = SETTLE_PAIRS
     resume: bool = False
     screen: bool = True
+    final_rounds: int = FINAL_ROUNDS
 
     def record(self) -> dict[str, Any]:
         """The settings as a run's JSON keeps them (as JSON reads them back): what was measured

@@ -21,9 +21,10 @@ def table_rows(
     bounds: Mapping[str, float],
     ceilings: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (model, deadline, arrival): every server's capacity (and knobs), the best
-    peer, layerbatch / best peer, each capacity as a fraction of the compute bound, and the
-    batched ceiling (`batched_ceiling_rps`) where `ceilings` has it."""
+    """One row per (model, deadline, arrival): every server's capacity (its crossing, where
+    its result has one) and knobs, the best peer, layerbatch / best peer, each capacity as a
+    fraction of the compute bound and in words (`capacity_text`: beyond the rates measured it
+    is a bound), and the batched ceiling (`batched_ceiling_rps`) where `ceilings` has it."""
     keys = list(dict.fromkeys((r["model"], r["deadline_ms"], r["arrival"]) for r in results))
     rows = []
     for model, deadline, arrival in keys:
@@ -32,7 +33,8 @@ def table_rows(
             for r in results
             if (r["model"], r["deadline_ms"], r["arrival"]) == (model, deadline, arrival)
         }
-        caps = {s: mine[s]["capacity_rps"] for s in mine}
+        # from final rounds, the crossing (where bracketed); from a search, its capacity
+        caps = {s: mine[s].get("crossing_rps") or mine[s]["capacity_rps"] for s in mine}
         peers = {s: c for s, c in caps.items() if s != "layerbatch"}
         best_peer = max(peers, key=lambda s: peers[s]) if peers else None
         bound = bounds.get(model)
@@ -44,6 +46,7 @@ def table_rows(
                 "compute_bound_rps": round(bound, 2) if bound else None,
                 "batched_ceiling_rps": (ceilings or {}).get(model),
                 "capacity_rps": caps,
+                "capacity_text": {s: capacity_text(mine[s]) for s in mine},
                 "knobs": {s: mine[s]["knobs"] for s in mine},
                 "fraction_of_bound": {s: ratio(c, bound) for s, c in caps.items()},
                 "best_peer": best_peer,
@@ -57,7 +60,7 @@ def table_rows(
 
 def format_table(rows: Sequence[dict[str, Any]], servers: Sequence[str]) -> str:
     head = f"{'model':<13}{'deadline':>9} {'arrival':<8}{'bound':>7}{'ceiling':>8}"
-    head += "".join(f"{s:>12}" for s in servers) + f"{'best peer':>12}{'lb/peer':>9}"
+    head += "".join(f"{s:>15}" for s in servers) + f"{'best peer':>12}{'lb/peer':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:
         line = f"{r['model']:<13}{r['deadline_ms']:>7g}ms {r['arrival']:<8}"
@@ -65,13 +68,18 @@ def format_table(rows: Sequence[dict[str, Any]], servers: Sequence[str]) -> str:
         for s in servers:
             c = r["capacity_rps"].get(s)
             f = r["fraction_of_bound"].get(s)
-            line += f"{'-':>12}" if c is None else f"{c:>6.1f} ({f or 0:.2f})"
+            text = r.get("capacity_text", {}).get(s, "")
+            if text.startswith("below "):
+                short = f"<{text.removeprefix('below ')}"
+            else:
+                short = f"{c or 0:.1f}" + ("+" if text.endswith(" or more") else "")
+            line += f"{'-':>15}" if c is None else f"{short:>8} ({f or 0:.2f})"
         lb = r["layerbatch_over_best_peer"]
         line += f"{r['best_peer'] or '-':>12}{'-' if lb is None else f'{lb:.2f}':>9}"
         lines.append(line)
     lines.append(
-        "capacity req/s at on-time ratio >= 0.9 (fraction of the compute bound); ceiling: "
-        "decodes + full-batch forwards"
+        "capacity req/s at on-time ratio >= 0.9 (fraction of the compute bound; R+: on time at "
+        "every rate up to R, <R: under 0.9 already at R); ceiling: decodes + full-batch forwards"
     )
     return "\n".join(lines)
 

@@ -1,6 +1,8 @@
 """The full benchmark of bench/peers.py (`Bench`): per model, each server's knobs tuned over its
-grid, the pick settled against its runner-up in pairs, and its capacity searched at those
-knobs; and the server starts, restarts, warm-ups and measurements every mode shares."""
+grid and the pick settled against its runner-up in pairs; then every server's capacity at its
+pick measured in interleaved rounds (bench/peers_final.py), or with --final-rounds 0 searched at
+those knobs one server after another; and the server starts, restarts, warm-ups and
+measurements every mode shares."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from bench.peers_capacity import (
     speed_warning,
 )
 from bench.peers_crossing import THRESHOLD
+from bench.peers_final import final_case
 from bench.peers_knobs import (
     THREADS,
     Knobs,
@@ -118,6 +121,10 @@ class Bench:
         self.settled: list[dict[str, Any]] = []
         self.bounds: dict[str, dict[str, Any]] = {}
         self.checks: dict[str, dict[str, Any]] = {}
+        self.finals: list[dict[str, Any]] = []  # each case's final rounds (bench/peers_final.py)
+        # (server, model, deadline, arrival) -> its pick, the best capacity its tuning found
+        # there (any knob's), and whether it was tuned over more than one knob
+        self.picks: dict[tuple[str, str, float, str], tuple[Knobs, float, bool]] = {}
         self.t0_s = time.monotonic()
         self.elapsed_before_s = 0.0  # a resumed run's time before this one
 
@@ -134,7 +141,7 @@ class Bench:
                 )
         self.results, self.tuning = list(doc["results"]), list(doc["tuning"])
         self.settled, self.bounds = list(doc["settled"]), dict(doc["compute_bound"])
-        self.checks = dict(doc["checks"])
+        self.checks, self.finals = dict(doc["checks"]), list(doc["finals"])
         self.elapsed_before_s = float(doc.get("elapsed_s", 0.0))
 
     def document(self) -> dict[str, Any]:
@@ -149,6 +156,7 @@ class Bench:
             "results": self.results,
             "tuning": self.tuning,
             "settled": self.settled,
+            "finals": self.finals,
         }
 
     def elapsed_s(self) -> float:
@@ -399,10 +407,13 @@ class Bench:
         return chosen
 
     async def server_model(self, server: str, model: str, bound: float) -> None:
-        """Tune (peers), then measure the best knobs per deadline, for each arrival process.
-        A peer is tuned under each arrival process it is measured under: knobs best for Poisson
-        arrivals need not be best for the bursty trace (TorchServe's were not). What is on
-        record (a resumed run) is taken from there; a server is started only for the rest."""
+        """Tune (peers), then pick the best knobs per deadline, for each arrival process, and
+        with `st.final_rounds` keep each pick in `self.picks` for the final rounds (`model`),
+        else search its capacity here (`final`). A peer is tuned under each arrival process it
+        is measured under: knobs best for Poisson arrivals need not be best for the bursty
+        trace (TorchServe's were not). A server with one knob is tuned only for the final
+        rounds, whose rates start from the tuned capacities. What is on record (a resumed run)
+        is taken from there; a server is started only for the rest."""
         st = self.st
         # a server that is given the deadline at start (Triton's queue policy) runs per deadline;
         # layerbatch takes it per request, the others ignore it: one start serves every deadline
@@ -411,13 +422,19 @@ class Bench:
             cases = [(d, a) for d in group for a in st.arrivals]
             grid = self.grid_order(server, model, cases)
             tuned: dict[Case, dict[Knobs, dict[str, Any]]] = {c: {} for c in cases}
-            if len(grid) > 1:
+            if len(grid) > 1 or st.final_rounds:
                 for knobs in grid:
                     await self.tune(server, model, knobs, cases, group[0], bound, tuned)
             best = {}
             for c in cases:
                 caps = {k: tuning_rank(r) for k, r in tuned[c].items()}
                 best[c] = await self.settle(server, model, c, caps, group[0]) if caps else grid[0]
+                if st.final_rounds:
+                    # the settling's rate: a runner-up that won there may have tuned lower
+                    tuned_rps = max((rank[0] for rank in caps.values()), default=0.0)
+                    self.picks[(server, model, *c)] = (best[c], tuned_rps, len(grid) > 1)
+            if st.final_rounds:
+                continue
             for knobs in dict.fromkeys(best.values()):
                 mine = [c for c in cases if best[c] == knobs]
                 await self.final(server, model, knobs, mine, group[0], bound, tuned)
@@ -588,7 +605,8 @@ class Bench:
         return doc
 
     async def model(self, model: str) -> None:
-        """Every server on `model` (`server_model`), between two measurements of the compute
+        """Every server on `model` (`server_model`), then with `st.final_rounds` each case's
+        final rounds at the picks (`final_case`), between two measurements of the compute
         bound; a model on record whole (its bound measured after) is skipped. A model resumed
         halfway has its bound measured again (kept under "resumed"), and a warning where the
         machine's speed differs from when its runs began."""
@@ -624,6 +642,10 @@ class Bench:
                 flush=True,
             )
             await self.server_model(server, model, before["rps"])
+        if self.st.final_rounds:
+            for case in ((d, a) for d in self.st.deadlines for a in self.st.arrivals):
+                picks = {s: self.picks[(s, model, *case)] for s in self.st.servers}
+                await final_case(self, model, case, picks)
         after = await asyncio.to_thread(self.compute_bound, model)
         self.bounds[model] = {**mean_bound(before, after), **kept}
         self.save()

@@ -30,7 +30,7 @@ from bench.peers_capacity import (
     mean_bound,
     speed_warning,
 )
-from bench.peers_interleave import round_line
+from bench.peers_final import round_line
 from bench.peers_knobs import (
     Knobs,
     best_knobs,

@@ -28,6 +28,8 @@ CAPACITY_RPS = {
     "B=4,5ms": 10.0,
     "B=8,5ms": 20.0,
     "B=8,20ms": 20.0,
+    "default": 24.0,
+    "2 replicas": 30.0,
 }  # what each scripted knob serves
 
 
@@ -95,10 +97,12 @@ class Scripted(Bench):
 
 def settings(tmp_path: Path, *more: str) -> Settings:
     """TorchServe tuned over two knobs at two deadlines under two arrival processes: four
-    cases, one server start serving all four."""
+    cases, one server start serving all four; each capacity searched after its tuning
+    (--final-rounds 0: the final rounds are tested in tests/test_peers_final.py)."""
     argv = ["--quick", "--servers", "torchserve", "--deadlines", "300,1000"]
     argv += ["--arrivals", "poisson,azure", "--workers", "1", "--batches", "4,8", "--delays", "5"]
-    argv += ["--settle-pairs", "0", "--out", str(tmp_path / "peers.json"), *more]
+    argv += ["--settle-pairs", "0", "--final-rounds", "0", "--out", str(tmp_path / "peers.json")]
+    argv += more
     return dataclasses.replace(parse_args(argv), logdir=tmp_path)
 
 
