@@ -85,12 +85,11 @@ def next_rate(
     as `rate_3g`; None when neither applies."""
     capacity, _ = threshold_crossing(on_time)
     _, side = edge_crossing(on_time)
-    rates = sorted(on_time)
-    beyond = list(added).count("beyond")
+    rates, beyond = sorted(on_time), added.count("beyond")
     if side and beyond < MAX_EXTENSIONS:
         factor = EXTEND_BY ** (beyond + 1)
         return rate_3g(rates[-1] * factor if side == "above" else rates[0] / factor), "beyond"
-    if side or list(added).count("between") >= MAX_REFINES:
+    if side or added.count("between") >= MAX_REFINES:
         return None
     above = min(r for r in rates if r > capacity)
     if above / capacity <= FINAL_STEP * 1.01:  # 1.01: rates are rounded
@@ -183,10 +182,7 @@ async def final_case(
     measured on from where it stopped, at the knobs and rates on record. When the case is
     complete, each server's result (`final_results`) is added to `bench.results`."""
     deadline_ms, arrival = case
-    record = next(
-        (r for r in bench.finals if (r["model"], r["deadline_ms"], r["arrival"]) == (model, *case)),
-        None,
-    )
+    record = case_record(bench.finals, model, case)
     if record is not None and record["complete"]:
         print(f"[{model}] {deadline_ms:g} ms {arrival}: final rounds on record", flush=True)
         return record
@@ -281,12 +277,20 @@ def final_results(record: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def final_interval(
-    finals: Iterable[Mapping[str, Any]], row: Mapping[str, Any], rng: np.random.Generator
+    finals: Iterable[dict[str, Any]], row: Mapping[str, Any], rng: np.random.Generator
 ) -> RatioInterval | None:
     """layerbatch / best peer in a table row's case with its interval over the rounds
     (`ratio_interval`), from its complete final rounds in `finals`; None without them."""
-    key = (row["model"], row["deadline_ms"], row["arrival"])
-    for record in finals:
-        if (record["model"], record["deadline_ms"], record["arrival"]) == key:
-            return ratio_interval(rounds_of(record), rng) if record["complete"] else None
-    return None
+    record = case_record(finals, row["model"], (row["deadline_ms"], row["arrival"]))
+    if record is None or not record["complete"]:
+        return None
+    return ratio_interval(rounds_of(record), rng)
+
+
+def case_record(
+    finals: Iterable[dict[str, Any]], model: str, case: tuple[float, str]
+) -> dict[str, Any] | None:
+    """The final rounds of `model` in `case` (deadline, arrival process) in `finals`; None
+    where there are none."""
+    key = (model, *case)
+    return next((r for r in finals if (r["model"], r["deadline_ms"], r["arrival"]) == key), None)
