@@ -176,11 +176,13 @@ async def final_case(
     model: str,
     case: tuple[float, str],
     picks: Mapping[str, tuple[Knobs, float, bool]],
+    progress: str = "",
 ) -> dict[str, Any]:
     """`model`'s final rounds in `case` (module docstring), kept in `bench.finals` and saved
     after every run; a case on record whole is taken from there, one on record in part is
     measured on from where it stopped, at the knobs and rates on record. When the case is
-    complete, each server's result (`final_results`) is added to `bench.results`."""
+    complete, each server's result (`final_results`) is added to `bench.results`. `progress`
+    ends the line that starts the rounds (`Bench.progress`)."""
     deadline_ms, arrival = case
     record = case_record(bench.finals, model, case)
     if record is not None and record["complete"]:
@@ -196,7 +198,8 @@ async def final_case(
     print(
         f"[{model}] {deadline_ms:g} ms {arrival}: final rounds at "
         f"{', '.join(f'{r:g}' for r in base)} req/s, {record['rounds']} rounds; "
-        + ", ".join(f"{s} {k}" for s, k in record["knobs"].items()),
+        + ", ".join(f"{s} {k}" for s, k in record["knobs"].items())
+        + (f" {progress}" if progress else ""),
         flush=True,
     )
     loads: dict[str, Load] = {}

@@ -163,6 +163,14 @@ class Bench:
         """Seconds this run has measured for, a resumed run's earlier time included."""
         return self.elapsed_before_s + time.monotonic() - self.t0_s
 
+    def progress(self, model: str, part: str) -> str:
+        """Where the run stands, for a progress line: "(PART, model i of n; H h M min so far)"."""
+        hours, rest_s = divmod(self.elapsed_s(), 3600)
+        return (
+            f"({part}, model {self.st.models.index(model) + 1} of {len(self.st.models)}; "
+            f"{int(hours)} h {int(rest_s // 60)} min so far)"
+        )
+
     def save(self) -> None:
         """`document()` written to the checkpoint (`write_json`), where there is one."""
         if self.checkpoint is not None:
@@ -634,18 +642,15 @@ class Bench:
         self.bounds[model] = {"before": before, **kept}
         self.save()
         for i, server in enumerate(self.st.servers, 1):
-            hours, rest_s = divmod(self.elapsed_s(), 3600)
-            print(
-                f"[{model}] {server} (server {i} of {len(self.st.servers)}, model "
-                f"{self.st.models.index(model) + 1} of {len(self.st.models)}; "
-                f"{int(hours)} h {int(rest_s // 60)} min so far)",
-                flush=True,
-            )
+            part = f"server {i} of {len(self.st.servers)}"
+            print(f"[{model}] {server} {self.progress(model, part)}", flush=True)
             await self.server_model(server, model, before["rps"])
         if self.st.final_rounds:
-            for case in ((d, a) for d in self.st.deadlines for a in self.st.arrivals):
+            cases = [(d, a) for d in self.st.deadlines for a in self.st.arrivals]
+            for i, case in enumerate(cases, 1):
                 picks = {s: self.picks[(s, model, *case)] for s in self.st.servers}
-                await final_case(self, model, case, picks)
+                part = f"case {i} of {len(cases)}"
+                await final_case(self, model, case, picks, self.progress(model, part))
         after = await asyncio.to_thread(self.compute_bound, model)
         self.bounds[model] = {**mean_bound(before, after), **kept}
         self.save()

@@ -179,6 +179,24 @@ def test_every_server_is_tuned_then_measured_in_alternating_rounds_at_its_pick(
     assert saved["finals"] == json.loads(json.dumps(bench.finals))
 
 
+def test_each_case_s_rounds_say_where_the_run_stands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long run says which server it tunes and which case's rounds it starts, of how many,
+    and the time so far."""
+    st = dataclasses.replace(
+        two_servers(tmp_path), deadlines=[300.0, 1000.0], arrivals=["poisson", "azure"]
+    )
+    asyncio.run(Rounds(st, checkpoint_path(st.out)).model("resnet18"))
+    out = capsys.readouterr().out
+    assert "[resnet18] torchserve (server 1 of 2, model 1 of 1; 0 h 0 min so far)" in out
+    starts = [line for line in out.splitlines() if ": final rounds at " in line]
+    assert [line.split(" (case ")[1].split(",")[0] for line in starts] == [
+        f"{i} of 4" for i in range(1, 5)
+    ]
+    assert all(line.endswith("model 1 of 1; 0 h 0 min so far)") for line in starts)
+
+
 def test_a_runner_up_that_won_its_settling_is_measured_around_the_best_capacity_tuned(
     tmp_path: Path,
 ) -> None:
