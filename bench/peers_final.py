@@ -56,8 +56,7 @@ def final_rates(capacities: Iterable[float]) -> list[float]:
     """The rates a case's rounds measure: geometrically spaced from FINAL_SPAN[0] x the lowest
     positive capacity to FINAL_SPAN[1] x the highest, FINAL_STEP apart or closer where
     FINAL_COUNT[1] rates cover that, at least FINAL_COUNT[0], ascending, to three significant
-    digits (`rate_3g`). Raises
-    ValueError when no capacity is positive."""
+    digits (`rate_3g`). Raises ValueError when no capacity is positive."""
     caps = [float(c) for c in capacities if c and c > 0]
     if not caps:
         raise ValueError("capacities: expected at least one above 0 req/s to place the rates")
