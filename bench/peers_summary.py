@@ -23,6 +23,9 @@ The README quotes the table; a cell with a note is numbered in its target column
 against the target. Runs in any venv with numpy and matplotlib (no server starts):
 
     .venv/bin/python bench/peers_summary.py [--cells FILE] [--png FILE] [--md FILE] [--seed 1]
+
+`--grid bench/results/peers-full.json` prints instead the README's table of a finished `make
+bench-peers` grid, from the rows its JSON keeps (`table`), in the same terms.
 """
 
 from __future__ import annotations
@@ -81,12 +84,7 @@ class Cell:
     @property
     def status(self) -> str:
         """met, not met or open (module docstring)."""
-        iv = self.interval
-        if iv.bound.startswith("beyond"):
-            return "open"
-        if iv.ratio >= TARGET_RATIO:
-            return "not met" if iv.bound == "at most" else "met"
-        return "open" if iv.bound == "at least" else "not met"
+        return target_status(self.interval)
 
     def of_compute_bound(self) -> tuple[float, str] | None:
         """layerbatch's crossing over the mean compute bound, and its side; None under a trace,
@@ -95,6 +93,15 @@ class Cell:
         if self.arrival != "poisson":
             return None
         return self.ours[0] / float(np.mean(self.compute_bound_rps)), self.ours[1]
+
+
+def target_status(iv: RatioInterval) -> str:
+    """met, not met or open (module docstring)."""
+    if iv.bound.startswith("beyond"):
+        return "open"
+    if iv.ratio >= TARGET_RATIO:
+        return "not met" if iv.bound == "at most" else "met"
+    return "open" if iv.bound == "at least" else "not met"
 
 
 def crossings_of(means: Mapping[str, Mapping[str, float]]) -> dict[str, tuple[float, str]]:
@@ -225,9 +232,58 @@ def table(cells: Sequence[Cell]) -> str:
     return "\n".join(rows)
 
 
+def grid_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The README's markdown table of a finished `bench/peers.py` grid, from the `table` of its
+    JSON: per cell the compute bound and batched ceiling, every server's crossing with its knobs
+    (the best peer's in bold), layerbatch / best peer with its interval, and the target's status
+    as the cells' table gives it."""
+    servers = list(dict.fromkeys(s for r in rows for s in r["capacity_rps"]))
+    head = (
+        "| model | deadline, arrivals | compute bound | batched ceiling | "
+        + "".join(f"{SERVER_NAMES.get(s, s)} | " for s in servers)
+        + f"layerbatch / best peer (90% interval) | {TARGET_RATIO:g}x target |"
+    )
+    lines = [head, "|" + "---|" * (len(servers) + 6)]
+    for r in rows:
+        arrival = ARRIVAL_NAMES.get(r["arrival"], r["arrival"])
+        line = (
+            f"| {r['model']} | {r['deadline_ms']:g} ms, {arrival} "
+            f"| {numbers([r['compute_bound_rps']])} | {numbers([r['batched_ceiling_rps']])} |"
+        )
+        for s in servers:
+            text = r["capacity_text"].get(s, "-")
+            knobs = r["knobs"].get(s)
+            text = f"**{text}**" if s == r["best_peer"] else text
+            line += f" {text} ({'one runtime' if knobs == 'default' else knobs}) |"
+        found = r.get("layerbatch_over_best_peer_interval")
+        if found is None:
+            lines.append(line + " - | - |")
+            continue
+        iv = RatioInterval(**found)
+        status = target_status(iv)
+        lines.append(
+            line + f" {ratio_text(iv)} | {f'**{status}**' if status == 'met' else status} |"
+        )
+    return "\n".join(lines)
+
+
+def load_grid(path: Path) -> list[dict[str, Any]]:
+    """The `table` of a finished `bench/peers.py` run's JSON; ValueError naming what is wrong."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--grid {path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("table"), list):
+        raise ValueError(
+            f'--grid {path}: no "table" in it; expected the JSON a finished bench/peers.py run '
+            "writes (a .partial.json is not finished: continue it with --resume)"
+        )
+    return doc["table"]
+
+
 def notes(cells: Sequence[Cell]) -> str:
     """The noted cells' notes, numbered as `table` numbers them, each with its history."""
-    items = []
+    items: list[str] = []
     for c in (c for c in cells if c.note):
         earlier = f"\n\n   *Earlier runs.* {c.history}" if c.history else ""
         items.append(f"{len(items) + 1}. {cell_name(c)}: {c.note}{earlier}")
@@ -295,7 +351,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--png", type=Path, default=RESULTS / "peers-summary.png")
     ap.add_argument("--md", type=Path, default=RESULTS / "peers-cells.md", help="table and notes")
     ap.add_argument("--seed", type=int, default=int(FULL_LOAD["seed"]), help="the bootstrap's")
+    ap.add_argument(
+        "--grid",
+        type=Path,
+        help="print the README's table of a finished bench/peers.py run (its JSON) instead",
+    )
     a = ap.parse_args(argv)
+    if a.grid is not None:
+        try:
+            print(grid_table(load_grid(a.grid)))
+        except ValueError as exc:
+            raise SystemExit(f"peers_summary: {exc}") from None
+        return
     try:
         cells = load_cells(a.cells, a.seed)
     except ValueError as exc:

@@ -11,7 +11,16 @@ import pytest
 
 from bench.peers_arrivals import ROOT
 from bench.peers_report import mean_on_time
-from bench.peers_summary import CELLS, load_cells, main, notes, report, table
+from bench.peers_summary import (
+    CELLS,
+    grid_table,
+    load_cells,
+    load_grid,
+    main,
+    notes,
+    report,
+    table,
+)
 
 
 def run_doc(
@@ -163,3 +172,81 @@ def test_the_readme_quotes_the_table_its_runs_give(tmp_path: Path) -> None:
     main(["--png", str(png), "--md", str(md)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert md.read_text() == report(cells, CELLS.name)
+
+
+def grid_row(**over: Any) -> dict[str, Any]:
+    """One row of a finished bench/peers.py run's `table`, as peers_table.table_rows gives it."""
+    row: dict[str, Any] = {
+        "model": "resnet18",
+        "deadline_ms": 300.0,
+        "arrival": "azure",
+        "compute_bound_rps": 23.37,
+        "batched_ceiling_rps": 33.38,
+        "capacity_rps": {"layerbatch": 40.0, "triton": 30.0, "torchserve": 31.0},
+        "capacity_text": {"layerbatch": "40 or more", "triton": "30", "torchserve": "31"},
+        "knobs": {"layerbatch": "default", "triton": "B=4,5ms", "torchserve": "B=8,5ms,2w"},
+        "best_peer": "torchserve",
+        "layerbatch_over_best_peer_interval": {
+            "ratio": 40 / 31,
+            "low": 1.2,
+            "high": 1.4,
+            "level": 0.9,
+            "draws": 2000,
+            "bound": "at least",
+        },
+    }
+    return {**row, **over}
+
+
+def test_the_grid_table_names_every_server_and_bolds_the_best_peer() -> None:
+    text = grid_table([grid_row(), grid_row(model="googlenet", best_peer="triton")])
+    head, rule, first, second = text.split("\n")
+    assert head.count("|") == rule.count("|") == first.count("|") == 10  # 9 columns
+    assert "| layerbatch | Triton | TorchServe |" in head  # in the order the rows give them
+    assert "| 300 ms, Azure trace | 23.4 | 33.4 | 40 or more (one runtime) |" in first
+    assert "| 30 (B=4,5ms) | **31** (B=8,5ms,2w) |" in first
+    # a lower bound under the target leaves the target open, as in the cells' table
+    assert first.endswith("| at least 1.29x (1.20-1.40x) | open |")
+    assert "| **30** (B=4,5ms) | 31 (B=8,5ms,2w) |" in second
+
+
+def test_the_grid_table_marks_a_cell_met_or_not_and_one_without_an_interval() -> None:
+    met = {"ratio": 1.5, "low": 1.1, "high": 1.9, "level": 0.9, "draws": 2000, "bound": ""}
+    rows = [
+        grid_row(layerbatch_over_best_peer_interval=met),
+        grid_row(layerbatch_over_best_peer_interval={**met, "ratio": 1.2}),
+        grid_row(layerbatch_over_best_peer_interval=None),
+    ]
+    lines = grid_table(rows).split("\n")[2:]
+    assert lines[0].endswith("| 1.50x (1.10-1.90x) | **met** |")
+    assert lines[1].endswith("| 1.20x (1.10-1.90x) | not met |")
+    assert lines[2].endswith("| - | - |")
+
+
+def test_the_readme_quotes_the_full_grid_its_json_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    grid = CELLS.parent / "peers-full.json"
+    rows = load_grid(grid)
+    assert len(rows) == 12  # 3 models x 2 deadlines x 2 arrival processes
+    # re-run `bench/peers_summary.py --grid bench/results/peers-full.json` if the README is stale
+    assert grid_table(rows) + "\n\n" in (ROOT / "README.md").read_text()
+    main(["--grid", str(grid)])
+    assert capsys.readouterr().out == grid_table(rows) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "cannot read it as JSON"),
+        ("not json", "cannot read it as JSON"),
+        ('{"results": []}', 'no "table" in it; expected the JSON a finished bench/peers.py'),
+        ("[1, 2]", 'no "table" in it'),
+    ],
+)
+def test_a_file_that_is_no_finished_grid_is_refused(
+    tmp_path: Path, content: str | None, expected: str
+) -> None:
+    path = tmp_path / "peers.partial.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit, match="peers_summary: --grid .*" + expected):
+        main(["--grid", str(path)])
