@@ -29,6 +29,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy --strict scheduler sim
 	$(BIN)/mypy traces layerexec server client layerbatch.py
+	$(BIN)/mypy -p bench
 
 pytest: setup
 	$(BIN)/python -m pytest

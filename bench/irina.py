@@ -76,9 +76,9 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
     names = [GPU_REGULAR[0], *(m for m, _ in GPU_ADHOC)]
     profiles = []
     for m in names:
-        p = load_profile(PROFILES / f"{m}-V100.json")
+        profile = load_profile(PROFILES / f"{m}-V100.json")
         others = {o: args.stack_slowdown for o in names if o != m}
-        profiles.append(dataclasses.replace(p, stacking_slowdown=others))
+        profiles.append(dataclasses.replace(profile, stacking_slowdown=others))
     d = Deployment(profiles, [App(m, (m,)) for m in names])
     rows: dict[str, Any] = {}
     for p in P_VALUES:

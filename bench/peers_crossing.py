@@ -15,6 +15,17 @@ under the threshold counts as crossing at the highest rate (it crosses there or 
 under it already at the lowest rate as crossing there (or earlier). Then the ratio is a bound:
 at least the value printed when it is layerbatch that never falls under or the best peer that
 is under already, at most when it is the other way round (`RatioInterval.bound`).
+
+`capacity_rules` reads the same rounds by two other rules, to show how far the benchmark's rests
+on its rule:
+
+- the issue's words: the highest measured rate whose mean on-time ratio is >= THRESHOLD, lower
+  failures or not (so a measured rate, never between two);
+- a monotone fit: a server's expected on-time ratio does not rise with the rate it is offered,
+  so a mean under a later, higher one is noise. The fit f minimises sum_r n_r (m_r - f_r)^2 over
+  non-increasing f, where m_r is the mean of the n_r rounds at rate r (pool adjacent violators:
+  neighbours out of order are merged into their weighted mean until none are), and the crossing
+  is read from f as from the means.
 """
 
 from __future__ import annotations
@@ -118,3 +129,67 @@ def ratio_interval(
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(samples, [tail, 1.0 - tail])
     return RatioInterval(point, float(low), float(high), level, draws, bound)
+
+
+def monotone_means(rounds_at: Mapping[float, Sequence[float]]) -> dict[float, float]:
+    """The non-increasing fit of the on-time ratio against rate nearest the rounds' means, each
+    rate weighted by its number of rounds (module docstring); rates without rounds are left out."""
+    blocks: list[tuple[float, int, list[float]]] = []  # (sum of ratios, rounds, rates)
+    for rate, values in sorted(rounds_at.items()):
+        if not values:
+            continue
+        block = (float(sum(values)), len(values), [rate])
+        while blocks and blocks[-1][0] / blocks[-1][1] < block[0] / block[1]:
+            total, n, rates = blocks.pop()
+            block = (total + block[0], n + block[1], rates + block[2])
+        blocks.append(block)
+    return {rate: total / n for total, n, rates in blocks for rate in rates}
+
+
+def highest_on_time(on_time: Mapping[float, float]) -> tuple[float, str]:
+    """The highest measured rate whose ratio is >= the threshold, as `edge_crossing` gives its
+    side: "above" when it is the highest rate measured, "below" (the lowest rate) when none is."""
+    rates = sorted(on_time)
+    ok = [r for r in rates if on_time[r] >= THRESHOLD]
+    if not ok:
+        return rates[0], "below"
+    return ok[-1], "above" if ok[-1] == rates[-1] else ""
+
+
+RULES = ("first crossing", "highest rate on time", "monotone fit")
+
+
+@dataclass(frozen=True)
+class RuleReading:
+    """One rule's capacities of `ours` and of the best other server, with their sides
+    (`edge_crossing`), and their ratio."""
+
+    ours: tuple[float, str]
+    best_peer: str
+    peer: tuple[float, str]
+
+    @property
+    def ratio(self) -> float:
+        return self.ours[0] / self.peer[0]
+
+
+def capacity_rules(rounds: Rounds, ours: str = "layerbatch") -> dict[str, RuleReading]:
+    """Each rule in RULES applied to every server's rounds (module docstring); empty without
+    `ours` and at least one other server."""
+    if ours not in rounds or len(rounds) < 2:
+        return {}
+
+    def read(per: Mapping[float, Sequence[float]]) -> dict[str, tuple[float, str]]:
+        means = {r: float(np.mean(v)) for r, v in per.items() if v}
+        return {
+            "first crossing": edge_crossing(means),
+            "highest rate on time": highest_on_time(means),
+            "monotone fit": edge_crossing(monotone_means(per)),
+        }
+
+    at = {s: read(per) for s, per in rounds.items()}
+    out = {}
+    for rule in RULES:
+        best = best_server({s: a[rule] for s, a in at.items() if s != ours})
+        out[rule] = RuleReading(at[ours][rule], best, at[best][rule])
+    return out

@@ -71,7 +71,8 @@ def main() -> None:
     )
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(
-        Classifier.bind(args.model, args.max_batch, args.delay_ms / 1000.0),
+        # serve.deployment made the class a Deployment; mypy, without ray, sees the class
+        Classifier.bind(args.model, args.max_batch, args.delay_ms / 1000.0),  # type: ignore[attr-defined]
         name=args.model,
         route_prefix=f"/{args.model}",
     )

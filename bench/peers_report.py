@@ -13,7 +13,14 @@ import numpy as np
 
 from bench.peers_arrivals import AZURE_TRACE, FULL_LOAD, arrivals_for
 from bench.peers_capacity import SPEED_CHANGE_WARN, speed_warning
-from bench.peers_crossing import THRESHOLD, edge_crossing, ratio_interval, threshold_crossing
+from bench.peers_crossing import (
+    RULES,
+    THRESHOLD,
+    capacity_rules,
+    edge_crossing,
+    ratio_interval,
+    threshold_crossing,
+)
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
 from bench.peers_table import TARGET_RATIO, capacity_text, plot
 
@@ -52,9 +59,15 @@ def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator)
     warning = speed_warning(doc["compute_bound"])
     if warning:
         print(warning)
-    interval = ratio_interval(rounds_of(doc), rng)
+    rounds = rounds_of(doc)
+    interval = ratio_interval(rounds, rng)
     if interval is not None:
         print(f"layerbatch / best peer: {interval.text()}")
+        read = capacity_rules(rounds)
+        print(
+            "layerbatch / best peer by the other rules (bench/peers_crossing.py): "
+            + ", ".join(f"{rule} {read[rule].ratio:.2f}x" for rule in RULES[1:])
+        )
     peers = [v for server, v in crossings(rows).items() if server != "layerbatch"]
     best_peer = max(peers, default=0.0)
     ideal = None

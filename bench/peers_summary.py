@@ -26,6 +26,11 @@ against the target. Runs in any venv with numpy and matplotlib (no server starts
 
 `--grid bench/results/peers-full.json` prints instead the README's table of a finished `make
 bench-peers` grid, from the rows its JSON keeps (`table`), in the same terms.
+
+`--rules FILE[,FILE...]` prints, per cell, layerbatch / best peer by each capacity rule of
+`bench/peers_crossing.capacity_rules`: the benchmark's first crossing, the highest rate on time,
+and the crossing of a monotone fit. FILE is a finished grid's JSON (every cell of it) or
+`--interleave` runs of one cell (pooled as `--report` pools them).
 """
 
 from __future__ import annotations
@@ -45,9 +50,12 @@ if __package__ in (None, ""):  # run as a script: the repository root, for `benc
 
 from bench.peers_arrivals import FULL_LOAD
 from bench.peers_crossing import (
+    RULES,
     THRESHOLD,
     RatioInterval,
+    Rounds,
     best_server,
+    capacity_rules,
     edge_crossing,
     ratio_interval,
 )
@@ -281,6 +289,49 @@ def load_grid(path: Path) -> list[dict[str, Any]]:
     return doc["table"]
 
 
+def rule_cases(paths: Sequence[Path]) -> list[tuple[str, Rounds]]:
+    """(cell name, every server's rounds by rate) from a finished grid's JSON, one per complete
+    case of its `finals`, or from `--interleave` runs of one cell, pooled. Raises ValueError
+    naming the file that is neither."""
+    if not paths:
+        raise ValueError("--rules: expected a file name, or several separated by commas")
+    docs = []
+    for path in paths:
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--rules {path}: cannot read it as JSON ({exc})") from None
+    if len(docs) == 1 and isinstance(docs[0], dict) and isinstance(docs[0].get("finals"), list):
+        finals = docs[0]["finals"]
+        return [(case_name(r), rounds_of(r)) for r in finals if r.get("complete")]
+    for path, doc in zip(paths, docs, strict=True):
+        if not isinstance(doc, dict) or "runs" not in doc or "mean_on_time" not in doc:
+            raise ValueError(
+                f"--rules {path}: expected a finished bench/peers.py grid's JSON (with "
+                '"finals") or --interleave runs of one cell'
+            )
+    doc = pool_interleaved(docs, [str(p) for p in paths])
+    return [(case_name(doc), rounds_of(doc))]
+
+
+def rules_table(cases: Sequence[tuple[str, Rounds]]) -> str:
+    """A markdown table: per cell, layerbatch's capacity over the best peer's by each of RULES
+    (`capacity_rules`), the best peer named under each."""
+    lines = ["| cell | " + " | ".join(RULES) + " |", "|" + "---|" * (len(RULES) + 1)]
+    for name, rounds in cases:
+        read = capacity_rules(rounds)
+        if not read:
+            lines.append(f"| {name} |" + " - |" * len(RULES))
+            continue
+        cells = (
+            f"{crossing_text(*r.ours)} / {SERVER_NAMES.get(r.best_peer, r.best_peer)} "
+            f"{crossing_text(*r.peer)} = {r.ratio:.2f}x"
+            for r in (read[rule] for rule in RULES)
+        )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def notes(cells: Sequence[Cell]) -> str:
     """The noted cells' notes, numbered as `table` numbers them, each with its history."""
     items: list[str] = []
@@ -300,7 +351,13 @@ def report(cells: Sequence[Cell], cells_file: str) -> str:
 
 
 def cell_name(c: Cell) -> str:
-    return f"{c.model}, {c.deadline_ms:g} ms, {ARRIVAL_NAMES.get(c.arrival, c.arrival)}"
+    return case_name({"model": c.model, "deadline_ms": c.deadline_ms, "arrival": c.arrival})
+
+
+def case_name(case: Mapping[str, Any]) -> str:
+    """A case's name from its model, deadline and arrivals, as in "resnet18, 300 ms, Poisson"."""
+    arrival = case.get("arrival", "poisson")
+    return f"{case['model']}, {case['deadline_ms']:g} ms, {ARRIVAL_NAMES.get(arrival, arrival)}"
 
 
 STATUS_COLOURS = {"met": "tab:green", "not met": "tab:red", "open": "tab:gray"}
@@ -356,7 +413,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=Path,
         help="print the README's table of a finished bench/peers.py run (its JSON) instead",
     )
+    ap.add_argument(
+        "--rules",
+        help="print layerbatch / best peer by each capacity rule instead (module docstring): "
+        "a finished grid's JSON, or --interleave runs of one cell, comma-separated",
+    )
     a = ap.parse_args(argv)
+    if a.rules is not None:
+        try:
+            print(rules_table(rule_cases([Path(p) for p in a.rules.split(",") if p])))
+        except ValueError as exc:
+            raise SystemExit(f"peers_summary: {exc}") from None
+        return
     if a.grid is not None:
         try:
             print(grid_table(load_grid(a.grid)))

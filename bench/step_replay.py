@@ -120,8 +120,11 @@ class Replayer:
 
     def __init__(self, models: Sequence[str]) -> None:
         from server.build import build_runtime
+        from server.runtime import Runtime
 
-        self.runtime = build_runtime(list(models), decode_threads=0)
+        runtime = build_runtime(list(models), decode_threads=0)
+        assert isinstance(runtime, Runtime)  # one replica: a Runtime, not Replicas
+        self.runtime = runtime
         self._ids = 0
 
     def close(self) -> None:

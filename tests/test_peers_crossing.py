@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from bench.peers_arrivals import AZURE_TRACE, ROOT, trace_arrivals_s
-from bench.peers_crossing import edge_crossing, ratio_interval
+from bench.peers_crossing import (
+    capacity_rules,
+    edge_crossing,
+    highest_on_time,
+    monotone_means,
+    ratio_interval,
+)
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
 from bench.peers_report import interleaved_results, pool_interleaved
 from traces.arrivals import load_timestamps
@@ -24,6 +30,40 @@ def test_edge_crossing_interpolates_or_names_the_edge_it_lies_beyond() -> None:
     assert edge_crossing({10.0: 1.0, 20.0: 0.8}) == (15.0, "")
     assert edge_crossing({10.0: 1.0, 20.0: 0.95}) == (20.0, "above")  # never under: 20 or later
     assert edge_crossing({10.0: 0.5, 20.0: 0.95}) == (10.0, "below")  # under at once: 10 or before
+
+
+def test_the_monotone_fit_merges_a_dip_with_the_higher_mean_after_it() -> None:
+    # 20 req/s reads 0.8 in one disturbed round of two; 30 reads higher: the two pool, weighted
+    got = monotone_means({10.0: [1.0, 1.0], 20.0: [0.8, 0.98], 30.0: [0.95], 40.0: [0.5]})
+    assert got[10.0] == 1.0 and got[40.0] == 0.5
+    assert got[20.0] == got[30.0] == pytest.approx((0.8 + 0.98 + 0.95) / 3)
+    assert list(got.values()) == sorted(got.values(), reverse=True)
+    # means already in order are left alone, and a rate without rounds is left out
+    assert monotone_means({10.0: [0.99], 20.0: [0.7], 30.0: []}) == {10.0: 0.99, 20.0: 0.7}
+
+
+def test_a_dip_ends_the_first_crossing_but_not_the_highest_rate_or_the_monotone_fit() -> None:
+    rounds = {
+        "layerbatch": {26.0: [1.0, 1.0], 30.0: [0.8, 0.96], 34.0: [0.95, 0.93], 38.0: [0.6, 0.6]},
+        "triton": {26.0: [0.97, 0.97], 30.0: [0.8, 0.8], 34.0: [0.5, 0.5], 38.0: [0.2, 0.2]},
+    }
+    read = capacity_rules(rounds)
+    first, highest, fit = (
+        read[r] for r in ("first crossing", "highest rate on time", "monotone fit")
+    )
+    assert {r.best_peer for r in read.values()} == {"triton"}
+    assert first.ours == (29.3, "")  # 0.88 at 30: under 0.9 there already
+    assert highest.ours == (34.0, "") and highest.peer == (26.0, "")
+    assert fit.ours[0] == pytest.approx(34.0 + 4.0 * (0.91 - 0.9) / (0.91 - 0.6), abs=0.05)
+    assert fit.peer == first.peer == (27.6, "")  # triton's means are in order: the rules agree
+    assert fit.ratio == pytest.approx(fit.ours[0] / 27.6)
+    assert capacity_rules({"layerbatch": rounds["layerbatch"]}) == {}  # no peer to compare
+
+
+def test_the_highest_rate_on_time_names_the_edge_it_lies_beyond() -> None:
+    assert highest_on_time({10.0: 0.95, 20.0: 0.5, 30.0: 0.92}) == (30.0, "above")
+    assert highest_on_time({10.0: 0.5, 20.0: 0.8}) == (10.0, "below")
+    assert highest_on_time({10.0: 0.95, 20.0: 0.5}) == (10.0, "")
 
 
 def test_rounds_that_agree_give_an_interval_of_one_point() -> None:
@@ -148,6 +188,11 @@ def test_report_pools_saved_runs_and_prints_the_ratio_with_its_interval(tmp_path
     assert "torchserve: crosses 0.9 at below 4 req/s" in lines  # 0.85 at 4 already
     ratio = next(line for line in lines if line.startswith("layerbatch / best peer:"))
     assert "resamplings of the rounds" in ratio
+    # the highest rate on time is 6 (0.925), the monotone fit's crossing the means' (all in order)
+    assert (
+        "layerbatch / best peer by the other rules (bench/peers_crossing.py): "
+        "highest rate on time 1.50x, monotone fit 1.60x"
+    ) in lines
     assert out.with_suffix(".png").stat().st_size > 0
     assert not any("ceilings differ" in line for line in lines)  # 45 req/s both
     # the ideal server at the pooled ceiling (45 req/s), under the same trace arrivals

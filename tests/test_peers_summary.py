@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench.peers_arrivals import ROOT
+from bench.peers_crossing import capacity_rules
 from bench.peers_report import mean_on_time
 from bench.peers_summary import (
     CELLS,
@@ -19,8 +20,11 @@ from bench.peers_summary import (
     main,
     notes,
     report,
+    rule_cases,
+    rules_table,
     table,
 )
+from bench.peers_table import TARGET_RATIO
 
 
 def run_doc(
@@ -250,3 +254,53 @@ def test_a_file_that_is_no_finished_grid_is_refused(
         path.write_text(content)
     with pytest.raises(SystemExit, match="peers_summary: --grid .*" + expected):
         main(["--grid", str(path)])
+
+
+def test_the_rules_table_reads_a_grid_cell_by_cell_and_pooled_runs_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = json.loads((CELLS.parent / "peers-full.json").read_text())
+    cases = rule_cases([CELLS.parent / "peers-full.json"])
+    assert len(cases) == len(grid["table"]) == 12
+    first = rules_table(cases).splitlines()[2]
+    assert first.startswith("| resnet18, 300 ms, Poisson | 34 / TorchServe 32.7 = 1.04x |")
+    # two runs of one cell: pooled, layerbatch reads 0.88 at 20 req/s and 0.94 at 30
+    a = run_doc(
+        {"layerbatch": {10.0: [1.0], 20.0: [0.8], 30.0: [0.95], 40.0: [0.4]}, "triton": OURS}
+    )
+    b = run_doc(
+        {"layerbatch": {10.0: [1.0], 20.0: [0.96], 30.0: [0.93], 40.0: [0.4]}, "triton": OURS}
+    )
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    main(["--rules", f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"])
+    row = capsys.readouterr().out.splitlines()[2]
+    # the first crossing falls at the dip; the monotone fit merges 20 and 30 (0.91 on time)
+    assert row == (
+        "| resnet18, 300 ms, Poisson | 18.3 / Triton 15 = 1.22x | 30 / Triton 10 = 3.00x "
+        "| 30.2 / Triton 15 = 2.01x |"
+    )
+
+
+def test_the_readmes_check_of_the_capacity_rule_holds_on_the_grid() -> None:
+    # the README: the monotone fit within 0.03x of the first crossing in every cell, on the same
+    # side of the target; the highest rate on time meets it in 3 cells of 12
+    readings = [
+        capacity_rules(rounds) for _, rounds in rule_cases([CELLS.parent / "peers-full.json"])
+    ]
+    for read in readings:
+        first, fit = read["first crossing"].ratio, read["monotone fit"].ratio
+        assert abs(first - fit) <= 0.03
+        assert (first >= TARGET_RATIO) == (fit >= TARGET_RATIO)
+    assert sum(r["highest rate on time"].ratio >= TARGET_RATIO for r in readings) == 3
+
+
+def test_a_file_that_is_no_grid_and_no_run_is_refused_by_rules(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text('{"table": []}')
+    with pytest.raises(SystemExit, match=r"--rules .*x\.json: expected a finished bench/peers\.py"):
+        main(["--rules", str(path)])
+    with pytest.raises(SystemExit, match=r"--rules .*missing\.json: cannot read it as JSON"):
+        main(["--rules", str(tmp_path / "missing.json")])
+    with pytest.raises(SystemExit, match="--rules: expected a file name"):
+        main(["--rules", ","])
