@@ -275,12 +275,17 @@ def grid_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def read_json(path: Path, flag: str) -> Any:
+    """The JSON in `path`; ValueError naming the flag and the file when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{flag} {path}: cannot read it as JSON ({exc})") from None
+
+
 def load_grid(path: Path) -> list[dict[str, Any]]:
     """The `table` of a finished `bench/peers.py` run's JSON; ValueError naming what is wrong."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--grid {path}: cannot read it as JSON ({exc})") from None
+    doc = read_json(path, "--grid")
     if not isinstance(doc, dict) or not isinstance(doc.get("table"), list):
         raise ValueError(
             f'--grid {path}: no "table" in it; expected the JSON a finished bench/peers.py run '
@@ -295,12 +300,7 @@ def rule_cases(paths: Sequence[Path]) -> list[tuple[str, Rounds]]:
     naming the file that is neither."""
     if not paths:
         raise ValueError("--rules: expected a file name, or several separated by commas")
-    docs = []
-    for path in paths:
-        try:
-            docs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--rules {path}: cannot read it as JSON ({exc})") from None
+    docs = [read_json(path, "--rules") for path in paths]
     if len(docs) == 1 and isinstance(docs[0], dict) and isinstance(docs[0].get("finals"), list):
         finals = docs[0]["finals"]
         return [(case_name(r), rounds_of(r)) for r in finals if r.get("complete")]
