@@ -136,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--policy", choices=POLICY_CHOICES, default="dp-tardy")
     srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=_positive_int, default=8080)
+    srv.add_argument("--port", type=_port, default=8080)
     srv.add_argument(
         "--profiles",
         default=None,
@@ -565,6 +565,13 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text) if text.isascii() and text.isdigit() else 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
     return value
 
 
@@ -1115,7 +1122,8 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
     if ns.profile:
         if ns.profiles or ns.model:
             raise UsageError("layerbatch: give --profile files or --profiles/--model, not both")
-        models = [g.profiles for g in load_block_models(ns.profile, ns.blocks or 10)]
+        groups = load_block_models(ns.profile, ns.blocks or 10, resolve=_profile_path)
+        models = [g.profiles for g in groups]
     else:
         if ns.blocks is not None:
             raise UsageError(
@@ -1126,6 +1134,9 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
     try:
         slo = {name: _positive_float(ns.slo_ms) for name in names}
     except argparse.ArgumentTypeError:
+        if "=" not in ns.slo_ms:  # one number meant for every model
+            expected = "a positive number of ms (or NAME=MS,... one per model)"
+            raise InputError("--slo-ms", "", expected, ns.slo_ms) from None
         slo = parse_named_numbers(ns.slo_ms, "--slo-ms")
     shares = parse_named_numbers(ns.share, "--share") if ns.share else dict.fromkeys(names, 1.0)
     for flag, given in (("--slo-ms", slo), ("--share", shares)):
@@ -1282,11 +1293,13 @@ def cmd_models(ns: argparse.Namespace) -> int:
 def cmd_profiles(ns: argparse.Namespace) -> int:
     from scheduler.profile import load_profile
 
-    for path in sorted(BUNDLED_PROFILES.glob("*.json")):
+    paths = sorted(BUNDLED_PROFILES.glob("*.json"))
+    width = max((len(path.stem) for path in paths), default=0)  # one column however long a name
+    for path in paths:
         p = load_profile(path)
         solo = sum(p.batch1_ms)
         print(
-            f"{path.stem:<32} {p.device:<22} {p.num_stages:>3} stages  batch-1 {solo:7.2f} ms  max_batch {p.max_batch}"
+            f"{path.stem:<{width}} {p.device:<22} {p.num_stages:>3} stages  batch-1 {solo:7.2f} ms  max_batch {p.max_batch}"
         )
     return 0
 

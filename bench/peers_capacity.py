@@ -90,9 +90,13 @@ def compute_bound_rps(decode_ms: float, forward_ms: float, batch: int = 1) -> fl
 
 def batched_ceiling_rps(bound: dict[str, Any]) -> float:
     """The batched ceiling of one compute-bound measurement (bench/peers_model.py): the best
-    `compute_bound_rps` over its full-batch forwards, as the peers run the model or folded."""
+    `compute_bound_rps` over its full-batch forwards, as the peers run the model or folded, on
+    one runtime of every torch thread; or, where it was measured (`lanes_rps`, since session
+    73), what lanes of one thread each serve in full batches with their own decodes
+    (bench/lane_ceiling.py), if more: their decodes do not leave a core idle."""
     batched = [*bound["batched"].items(), *bound["batched_folded"].items()]
-    return max(compute_bound_rps(bound["decode_ms"], ms, int(b)) for b, ms in batched)
+    one = max(compute_bound_rps(bound["decode_ms"], ms, int(b)) for b, ms in batched)
+    return max(one, float(bound.get("lanes_rps", 0.0)))
 
 
 def mean_bound(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

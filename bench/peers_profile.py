@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,21 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("concurrent/futures", "threading.py", "queue.py"),
     ),
 )
+
+
+def find_py_spy(python: Path) -> Path:
+    """py-spy beside `python` (the peers' venv installs it there) or else on PATH; SystemExit
+    saying where to get it when neither has one."""
+    beside = python.parent / "py-spy"
+    if beside.is_file():
+        return beside
+    found = shutil.which("py-spy")
+    if found:
+        return Path(found)
+    raise SystemExit(
+        f"--profile: py-spy is neither beside {python} nor on PATH; run bench/peers.py with "
+        ".venv-peers/bin/python (make .venv-peers/.installed installs py-spy there)"
+    )
 
 
 def categorize(stack: str) -> str:
@@ -90,7 +106,7 @@ async def profile_layerbatch(
 ) -> dict[str, Any]:
     """layerbatch serving Poisson load at `rate` while py-spy samples its process (100 Hz,
     every thread, on-CPU stacks only; a second pass with idle stacks shows where threads wait)."""
-    spy = Path(sys.executable).parent / "py-spy"
+    spy = find_py_spy(Path(sys.executable))
     out: dict[str, Any] = {"model": model, "rate_rps": rate, "deadline_ms": deadline}
     run = Running("layerbatch", model, layerbatch_grid(st)[-1], deadline, st.logdir, st.policy)
     load = Load(run, frames, deadline)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.lane_ceiling import LANE_BATCH, LANE_SECONDS, samples_per_s
 from bench.peers_arrivals import arrivals_for, poisson_arrivals_s
 from bench.peers_capacity import (
     RateSearch,
@@ -608,6 +609,7 @@ class Bench:
             env={**os.environ, "PEERS_TORCH_THREADS": str(THREADS)},
         )  # fmt: skip
         doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        doc["lanes_rps"] = round(samples_per_s(model, THREADS, 1, LANE_BATCH, LANE_SECONDS), 2)
         doc["rps"] = round(compute_bound_rps(doc["decode_ms"], doc["forward_ms"]), 2)
         doc["batched_rps"] = round(batched_ceiling_rps(doc), 2)
         return doc

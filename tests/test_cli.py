@@ -521,6 +521,8 @@ def test_profiles_lists_the_shipped_profiles(capsys: pytest.CaptureFixture[str])
     assert len(gpu) == 12
     assert all("10 stages" in ln and "max_batch 32" in ln for ln in gpu)
     assert any(ln.startswith(GOOGLENET_NAME) and "8.45 ms" in ln for ln in gpu)
+    # one column each, the longest name included: every device starts where the others do
+    assert len({ln.index(ln.split()[1], len(ln.split()[0])) for ln in lines}) == 1
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -784,6 +786,15 @@ def test_bad_max_batch_flag_is_named(capsys: pytest.CaptureFixture[str]) -> None
     argv = ["sim", "--profile", GOOGLENET_NAME, "--max-batch", "0", "--requests", "5"]
     code, out, err = run_main(capsys, *argv)
     assert_one_line_error(code, out, err, ["--max-batch"])
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_serve_on_a_port_out_of_range_is_refused_before_loading(
+    capsys: pytest.CaptureFixture[str], port: str
+) -> None:
+    code, out, err = run_main(capsys, "serve", "--apps", "resnet18", "--port", port)
+    assert_one_line_error(code, out, err, ["--port", "from 1 to 65535", repr(port)])
+    assert "loading" not in err
 
 
 def test_serve_on_a_port_another_server_holds_says_so_in_one_line_before_loading(

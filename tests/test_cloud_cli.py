@@ -80,9 +80,11 @@ def test_bad_workloads_are_one_line_and_exit_2(
 ) -> None:
     doc = json.loads(json.dumps(WORKLOAD))
     mutate(doc)  # type: ignore[operator]
-    assert layerbatch.main(["plan", "--workload", write(tmp_path, doc)]) == 2
+    path = write(tmp_path, doc)
+    assert layerbatch.main(["plan", "--workload", path]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err
+    assert err.startswith(f"layerbatch: {path}: ")  # the file named, found parsing or planning
 
 
 def test_budgets_along_the_chain_fit_the_slo(
@@ -112,3 +114,13 @@ def test_infeasible_slo_names_the_smallest_feasible_one(
     assert layerbatch.main(["plan", "--workload", write(tmp_path, doc), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["e2e_latency_s"]["traffic"] <= doc["apps"]["traffic"]["slo_s"] + 1e-9
+
+
+def test_the_readmes_workload_example_plans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    after = readme.split("W.json names hardware", 1)[1]
+    example = after.split("```json\n", 1)[1].split("```", 1)[0]
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, json.loads(example))]) == 0
+    assert capsys.readouterr().out.startswith("cost ")

@@ -41,7 +41,7 @@ from bench.peers_knobs import (
     tuning_grid,
 )
 from bench.peers_load import ExitedEarly, Protocol, Run, Sample, summarize, triton_body
-from bench.peers_profile import categorize, profile_breakdown
+from bench.peers_profile import categorize, find_py_spy, profile_breakdown
 from bench.peers_report import interleaved_results
 from bench.peers_servers import (
     proc_stat,
@@ -188,6 +188,9 @@ def test_batched_ceiling_is_every_decode_plus_one_full_batch_forward() -> None:
         "batched_folded": {"8": 40.0, "16": 88.0},  # 142.9 and 133.3: folded batch 8 is best
     }
     assert batched_ceiling_rps(measured) == pytest.approx(8000.0 / 56.0)
+    # one-thread lanes with their own decodes, where measured, when they serve more
+    assert batched_ceiling_rps({**measured, "lanes_rps": 150.0}) == 150.0
+    assert batched_ceiling_rps({**measured, "lanes_rps": 100.0}) == pytest.approx(8000.0 / 56.0)
     before = {"rps": 40.0, "batched_rps": 120.0}
     after = {"rps": 30.0, "batched_rps": 100.0}
     both = mean_bound(before, after)
@@ -849,3 +852,15 @@ def test_a_rounds_line_says_its_errors_and_a_server_that_died() -> None:
     line = round_line({**s, "server_exited": -11})
     assert line.startswith("on-time 0.333 ")
     assert "errors 2 SERVER EXITED (-11) others' CPU 0.3 s client 3% of a core" in line
+
+
+def test_profile_finds_py_spy_beside_python_or_says_where_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match=r"py-spy is neither beside .*\.venv-peers/bin/python"):
+        find_py_spy(python)
+    (python.parent / "py-spy").write_text("")
+    assert find_py_spy(python) == python.parent / "py-spy"

@@ -103,6 +103,18 @@ def test_profile_files_grouped_into_blocks(
     doc = json.loads(out)
     assert doc["status"] == "optimal" and doc["throughput_rps"] > 0
     assert all(p["partitions"][-1]["blocks"][1] == 5 for p in doc["pipelines"])
+    # shipped profiles by name, as `schedule` and `sim` take them: the same plan
+    names = ["--profile", "V100=repvgg-b3-V100", "--profile", "T4=repvgg-b3-T4"]
+    code, out, err = run([*args, *names, "--blocks", "5", "--max-parts", "2", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["throughput_rps"] == doc["throughput_rps"]
+    # a GPU type of the cluster without a profile: the cluster file and its field named
+    with_l4 = tmp_path / "l4.json"
+    with_l4.write_text(json.dumps(CLUSTER))
+    code, _, err = run(["pipeline", "plan", "--cluster", str(with_l4), "--slo-ms", "60", *names,
+                        "--blocks", "5"], capsys)  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"layerbatch: {with_l4}: gpus.L4: expected a GPU type repvgg-b3 has")
     code, _, err = run([*args, *files, "--model", "repvgg-b3"], capsys)
     assert code == 2 and "not both" in err
     code, _, err = run([*args, "--blocks", "5"], capsys)
@@ -128,3 +140,8 @@ def test_two_models_with_shares(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code == 0 and out.startswith("2 models (ppipe): smallest throughput / share")
     code, _, err = run([*args, *slo, "--share", "repvgg-b3=1"], capsys)
     assert code == 2 and "one value per model" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run([*args, "--slo-ms", "-5"], capsys)  # one number, not a positive one
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert (
+        "--slo-ms: expected a positive number of ms (or NAME=MS,... one per model), got '-5'" in err
+    )

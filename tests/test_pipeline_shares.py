@@ -70,6 +70,19 @@ def test_hand_instance_the_bottleneck_model_sets_t() -> None:
     assert doc["models"]["Y"]["pipelines"][0]["partitions"][0]["gpu"] == "B"
 
 
+def test_shares_are_weights_whatever_their_scale() -> None:
+    # the same problem: t in the caller's shares, the same pipelines
+    x, y = one_block("X", 1000, 2000), one_block("Y", 4000, 2000)
+    plans = [
+        plan_models([Workload(x, 3 * k, 10.0), Workload(y, k, 10.0)], ab_cluster(), 0.0, 1, 1)
+        for k in (1.0, 0.01, 50.0)
+    ]
+    for plan, k in zip(plans, (1.0, 0.01, 50.0), strict=True):
+        assert plan.normalized_rps * k == pytest.approx(1000 / 3)
+        assert plan.models["X"].share == 3 * k
+        assert plan.throughput_rps == pytest.approx(1500.0)
+
+
 def test_one_model_is_the_single_model_optimum_over_its_share() -> None:
     profiles = load_model_profiles(
         CLOUD / "ppipe", "repvgg-b3", transfer_dir=CLOUD / "ppipe-transfer-sizes"

@@ -243,7 +243,7 @@ def _plan_app_any_hardware(
             rows = tuple(c for c in rows if c.concurrency == 1)
             if not rows:
                 raise InputError(
-                    "workload",
+                    workload.source,
                     f"modules.{m}.profile",
                     f"a row with concurrency 1 (system {system} has no spatial multiplexing)",
                 )
@@ -254,7 +254,7 @@ def _plan_app_any_hardware(
         common = set.intersection(*({c.hardware for c in profiles[m]} for m in app.modules))
         if not common:
             raise InputError(
-                "workload",
+                workload.source,
                 f"apps.{app.name}",
                 f"one hardware type that profiles every module (system {system} runs an app "
                 "on one type)",
@@ -275,7 +275,7 @@ def _plan_app_any_hardware(
             best = got
     if best is None:
         raise InputError(
-            "workload",
+            workload.source,
             f"apps.{app.name}.slo_s",
             f"at least {_round_up(min_slo_s)} s, the smallest end-to-end worst case a {system} "
             "plan reaches",

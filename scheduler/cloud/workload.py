@@ -59,11 +59,13 @@ class App:
 
 @dataclass(frozen=True)
 class Workload:
-    """A validated workload: `profiles[m]` is never empty, each app's modules all have one."""
+    """A validated workload: `profiles[m]` is never empty, each app's modules all have one.
+    `source` names it in errors found later, when it is planned (its file, as a rule)."""
 
     prices: Mapping[str, float]
     profiles: Mapping[str, tuple[Config, ...]]
     apps: tuple[App, ...]
+    source: str = "workload"
 
 
 def parse_workload(doc: object, source: str = "workload") -> Workload:
@@ -94,7 +96,7 @@ def parse_workload(doc: object, source: str = "workload") -> Workload:
                 )
             owner[module] = app_name
         apps.append(app)
-    return Workload(prices=prices, profiles=profiles, apps=tuple(apps))
+    return Workload(prices=prices, profiles=profiles, apps=tuple(apps), source=source)
 
 
 def _parse_hardware(raw: object, source: str) -> dict[str, float]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,14 +188,18 @@ def load_block_profiles(
     )
 
 
-def load_block_models(specs: Sequence[str], blocks: int) -> list[BlockGrouping]:
-    """`--profile` arguments, each `FILE` or `GPU=FILE`, grouped by the model their files
+def load_block_models(
+    specs: Sequence[str], blocks: int, resolve: Callable[[str], str | Path] = str
+) -> list[BlockGrouping]:
+    """`--profile` arguments, each `FILE` or `GPU=FILE` (`resolve` turns FILE into the path
+    to read, e.g. a shipped profile's name into its file), grouped by the model their files
     hold (in the order models first appear; a model's first file is its reference) and each
     model grouped into `blocks` blocks. InputError as `load_block_profiles`."""
     by_model: dict[str, list[tuple[str, Profile]]] = {}
     sources: dict[str, list[str]] = {}
     for spec in specs:
-        gpu, path = _split_spec(spec)
+        gpu, name = _split_spec(spec)
+        path = str(resolve(name))
         prof = load_profile(path)
         by_model.setdefault(prof.model, []).append((gpu or gpu_type_of(prof), prof))
         sources.setdefault(prof.model, []).append(path)

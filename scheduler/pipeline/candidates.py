@@ -69,7 +69,7 @@ def check_inputs(profiles: ModelProfiles, cluster: Cluster, slo_ms: float, margi
     if not 0 <= margin < 1:
         raise InputError("plan", "margin", "a fraction of the SLO in [0, 1)", margin)
     for gpu in cluster.gpus:
-        profiles.require_gpu(gpu)
+        profiles.require_gpu(gpu, cluster.source)
 
 
 def whole_model_rate_rps(

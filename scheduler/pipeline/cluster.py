@@ -23,10 +23,12 @@ class GpuPool:
 
 @dataclass(frozen=True)
 class Cluster:
-    """GPU pools by type and the NIC bit rate of every server, Gbit/s."""
+    """GPU pools by type and the NIC bit rate of every server, Gbit/s. `source` names the
+    cluster in errors found later, when it is planned (its file, as a rule)."""
 
     gpus: Mapping[str, GpuPool]
     nic_gbps: float
+    source: str = "cluster"
 
     @staticmethod
     def from_json(doc: object, source: str = "cluster") -> Cluster:
@@ -58,7 +60,7 @@ class Cluster:
         nic = doc.get("nic_gbps")
         if not isinstance(nic, int | float) or isinstance(nic, bool) or not nic > 0:
             raise InputError(source, "nic_gbps", "a positive number of Gbit/s", nic)
-        return Cluster(gpus=pools, nic_gbps=float(nic))
+        return Cluster(gpus=pools, nic_gbps=float(nic), source=source)
 
     def types_in_use(self) -> list[str]:
         """GPU types with at least one GPU, sorted."""

@@ -85,13 +85,14 @@ class ModelProfiles:
         table = self.latency_us[(gpu, mps)]
         return sum(table[block][batch - 1] for block in range(start, stop)) / 1000.0
 
-    def require_gpu(self, gpu: str) -> None:
-        """Raise InputError naming `gpu` and the profiled types if `gpu` has no table."""
+    def require_gpu(self, gpu: str, source: str) -> None:
+        """Raise InputError naming `source` (the cluster that has `gpu`), `gpu` and the
+        profiled types if `gpu` has no table."""
         if gpu not in self.gpus():
             raise InputError(
-                self.model,
-                "gpu",
-                f"a GPU type with block profiles (one of {', '.join(self.gpus())})",
+                source,
+                f"gpus.{gpu}",
+                f"a GPU type {self.model} has block profiles for (one of {', '.join(self.gpus())})",
                 gpu,
             )
 

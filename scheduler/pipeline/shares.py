@@ -15,7 +15,8 @@ cluster configuration"). Formulation (solved by `scheduler.pipeline.milp.solve_c
 with each model's candidates built for its own SLO (same margin, P and MPS limit). A physical GPU
 serves one model. A second solve keeps t and maximises total throughput, so GPUs the bottleneck
 model cannot use still serve the others. Shares are positive weights (they need not sum to 1):
-t is the rate at which every model g gets at least share_g * t. Size: the union of the models'
+t is the rate at which every model g gets at least share_g * t (solved with them scaled to
+sum to 1, t read back in the given scale: HiGHS's time depends on it). Size: the union of the models'
 MILPs plus G rows and one column; no screening (that is the one-model path).
 """
 
@@ -85,13 +86,17 @@ def plan_models(
         candidates_or_refusal(w.profiles, cluster, w.slo_ms, margin, parts, mps, system)
         for w in workloads
     ]
-    shares = [float(w.share) for w in workloads]
+    # solved with the shares scaled to sum to 1, so that t is of the order of the total rate:
+    # the same problem however the shares are written (HiGHS took 74 s on two models at shares
+    # 1 and 1, 3 s at 0.5 and 0.5), then t read back in the caller's shares
+    total_share = sum(float(w.share) for w in workloads)
+    shares = [float(w.share) / total_share for w in workloads]
     result = solve_candidates(groups, cluster, shares, time_limit_s, mip_rel_gap)
     models = {
         w.profiles.model: ModelShare(float(w.share), w.slo_ms, plan)
         for w, plan in zip(workloads, result.plans, strict=True)
     }
-    return ModelsPlan(result.normalized_rps, result.status, result.gap, None, models)
+    return ModelsPlan(result.normalized_rps / total_share, result.status, result.gap, None, models)
 
 
 def solve_models(
