@@ -52,12 +52,12 @@ def lane(i):  # at least one batch, however late the thread starts
         done[i] += batch
         if time.perf_counter() >= stop:
             break
-threads = [threading.Thread(target=lane, args=(i,)) for i in range(lanes)]
+workers = [threading.Thread(target=lane, args=(i,)) for i in range(lanes)]
 t0 = time.perf_counter()
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
 print(json.dumps(sum(done) / (time.perf_counter() - t0)))
 """
 
