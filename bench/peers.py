@@ -55,10 +55,10 @@ Beside it the batched ceiling: the same with full batches of 8 or 16, 1000 B / (
 forward_ms(B)), the best of those and of the model with its batch norms folded (as layerbatch
 runs it), or, if more, what two lanes of one thread each serve in full batches of 16 with their
 own decodes (`lanes_rps`, bench/lane_ceiling.py; measured since 2026-11-30: a lane's decodes
-leave no core idle, 1.06-1.12x one runtime's ceiling here): about the most any server could
-serve here, batching per model or per layer, with the cores to itself (larger batches gain
-little more). Under the trace the rate is a mean and
-the bursts run far above it, so each report also gives the crossing of an ideal server at the
+leave no core idle, up to 1.12x one runtime's ceiling here, though not in every run): about the
+most any server could serve here, batching per model or per layer, with the cores to itself
+(larger batches gain little more). Under the trace the rate is a mean and the bursts run far
+above it, so each report also gives the crossing of an ideal server at the
 ceiling under the run's own arrivals (bench/peers_ideal.py: each request 1 / ceiling s, in
 arrival order, turning away what it cannot finish in time), and for each server the ceiling at
 which that ideal server would cross where the server did: how much of the machine it turns into
