@@ -42,8 +42,9 @@ the deadline (its queue policy), and Ray Serve takes up to 256 requests at once 
 with the same knobs, warmed up, and measured at that rate again; where it dies again, that run is
 its result there, marked "server_exited". Settling pairs and --interleave rounds also start a
 dead server again before measuring it. layerbatch runs its defaults: dp-tardy,
-batch norms folded into the convolutions at load (`layerbatch serve --no-fold-bn` turns it off;
-`--fold-peers` hands the peers the same folded model, to see how much of the difference that is),
+batch norms folded into the convolutions at load (`layerbatch serve --no-fold-bn` turns it off),
+1x1 convolutions run on oneDNN at every batch size (layerexec/pointwise.py; `--fold-peers` hands
+the peers the model prepared both ways, to see how much of the difference that is),
 and each replica decoding its inputs on a thread of its own (the peers decode inside their batch
 handlers, in turn with the forward). With `--layerbatch-replicas 1` it runs as one runtime whose 2
 torch threads take both cores, and decodes on its executor thread between steps.

@@ -3,8 +3,9 @@
 A JPEG is decoded and resized by layerbatch's own server code (server/inputs.py `image_tensor`:
 `cv2.imdecode`, resize INTER_LINEAR to the model's input, BGR -> RGB, normalise per channel), the
 model is the one `layerexec.zoo.load_model` builds (the torchvision definition under the same
-seed, so the same weights; its batch norms folded into the convolutions, as layerbatch's loader
-does, only with PEERS_FOLD_BN=1), in channels-last memory format as layerbatch's executor runs it,
+seed, so the same weights; only with PEERS_FOLD_BN=1 as layerbatch's loader prepares it: its
+batch norms folded into the convolutions and its 1x1 convolutions run on oneDNN at every batch
+size, `layerexec.pointwise`), in channels-last memory format as layerbatch's executor runs it,
 under `torch.inference_mode()` with 2 intra-op threads, loaded and run on one thread as
 layerbatch's are (`Model`); the answer is the top-5 classes with their softmax scores, as
 layerbatch answers a classifier.
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 from torch.fx.experimental.optimization import fuse  # noqa: E402
 
 from layerexec.allocator import keep_freed_memory, reserve_heap  # noqa: E402
+from layerexec.pointwise import route_pointwise_convs  # noqa: E402
 from layerexec.torch_thread import TorchThread  # noqa: E402
 from layerexec.zoo import DEFAULT_SEED, spec  # noqa: E402
 from scheduler.profile import load_profile  # noqa: E402
@@ -43,8 +45,8 @@ from server.inputs import image_tensor  # noqa: E402
 P = ParamSpec("P")
 T = TypeVar("T")
 THREADS = int(os.environ.get("PEERS_TORCH_THREADS", "2"))
-# bench/peers.py --fold-peers: the peers serve the model with batch norms folded into the
-# convolutions, as layerbatch's loader serves it by default
+# bench/peers.py --fold-peers: the peers serve the model as layerbatch's loader prepares it by
+# default (batch norms folded into the convolutions, 1x1 convolutions on oneDNN)
 FOLD_BN = os.environ.get("PEERS_FOLD_BN", "0") == "1"
 
 
@@ -83,6 +85,7 @@ class Model:
             module = self.spec.build().eval()
         if fold_batch_norm:
             module = fuse(module)
+            route_pointwise_convs(module)
         if self.channels_last:
             module.to(memory_format=torch.channels_last)
         with torch.inference_mode():

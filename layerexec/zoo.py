@@ -19,6 +19,7 @@ from torchvision import models as tvm
 
 from layerexec.detector import INPUT_SIZE, SSDFront, SSDTail
 from layerexec.nets.resnet20 import CIFAR10_CLASSES, CIFAR_MEAN, CIFAR_STD
+from layerexec.pointwise import route_pointwise_convs
 from layerexec.split import split_model
 
 Kind = Literal["classifier", "segmenter", "detector", "face-detector"]
@@ -191,7 +192,9 @@ def load_model(name: str, seed: int = DEFAULT_SEED, fold_batch_norm: bool = True
     into that convolution's weights and bias first (`torch.fx.experimental.optimization.fuse`):
     the same function up to float rounding (relative 1e-6), one op fewer per layer, the same
     stages (cuts fall before convolutions, so a convolution and its batch norm share a stage).
-    The detector is left unfolded: its tail runs the torchvision module itself."""
+    The detector is left unfolded: its tail runs the torchvision module itself. Every 1x1
+    convolution then runs on oneDNN at every batch size (`layerexec.pointwise`): on one torch
+    thread below batch 16, torch would run it on a slower kernel."""
     s = spec(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -206,6 +209,8 @@ def load_model(name: str, seed: int = DEFAULT_SEED, fold_batch_norm: bool = True
             module = fuse(module)
         split = split_model(module, example)
         stages, names = split.stages, split.names
+    for part in (module, *stages):  # the stages may hold copies of the module's convolutions
+        route_pointwise_convs(part)
     names = tuple(n.replace("model.", "") if n.startswith("model.") else n for n in names)
     shapes = []
     x: object = example
