@@ -209,7 +209,7 @@ def load_model(name: str, seed: int = DEFAULT_SEED, fold_batch_norm: bool = True
             module = fuse(module)
         split = split_model(module, example)
         stages, names = split.stages, split.names
-    for part in (module, *stages):  # the stages may hold copies of the module's convolutions
+    for part in (module, *stages):  # the stages too, should a split have copied a convolution
         route_pointwise_convs(part)
     names = tuple(n.replace("model.", "") if n.startswith("model.") else n for n in names)
     shapes = []
