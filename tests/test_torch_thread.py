@@ -52,10 +52,10 @@ def test_the_runtimes_forwards_do_not_sleep_at_each_op() -> None:
 
 @pytest.mark.skipif(not LINUX_2_CPUS, reason="needs Linux and 2 CPUs")
 def test_a_second_thread_with_torch_work_makes_every_forward_sleep() -> None:
-    """The control: what building on the executor thread avoids. Alone on the machine it reads
-    about 140 switches a forward; under the rest of `make test` it once read 24.5, so the bar
-    sits at 15 (the runtime as built reads under 1)."""
-    assert _switches("main-thread-op") > 15
+    """The control: what building on the executor thread avoids. Alone on the machine it read
+    about 140 switches a forward once and 15-26 on 2026-11-30; under the rest of `make test` it
+    has read 24.5 and 12.75, so the bar sits at 5 (the runtime as built reads under 1)."""
+    assert _switches("main-thread-op") > 5
 
 
 def test_call_returns_and_raises_on_the_thread() -> None:
