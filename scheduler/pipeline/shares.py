@@ -16,8 +16,8 @@ with each model's candidates built for its own SLO (same margin, P and MPS limit
 serves one model. A second solve keeps t and maximises total throughput, so GPUs the bottleneck
 model cannot use still serve the others. Shares are positive weights (they need not sum to 1):
 t is the rate at which every model g gets at least share_g * t (solved with them scaled to
-sum to 1, t read back in the given scale: HiGHS's time depends on it). Size: the union of the models'
-MILPs plus G rows and one column; no screening (that is the one-model path).
+sum to 1, t read back in the given scale: HiGHS's time depends on it). Size: the union of the
+models' MILPs plus G rows and one column; no screening (that is the one-model path).
 """
 
 from __future__ import annotations
