@@ -95,6 +95,7 @@ class Deployment:
         self._group_at = {a: self._chain_groups(chain) for a, chain in self._chains.items()}
         # memos of the pure functions of the above that planners call most (run_ms, solo_ms)
         self._run_memo: dict[tuple[str, int, int, int], float] = {}
+        self._tail_memo: dict[tuple[str, int], float] = {}
         self._solo_memo: dict[tuple[str, int], float] = {}
 
     # --- chains -------------------------------------------------------------------------
@@ -155,6 +156,23 @@ class Deployment:
         if hit is None:
             hit = self._solo_memo[key] = sum(
                 self.run_ms(link.model, max(0, position - link.offset), link.num_stages, 1)
+                for link in self._chains[app]
+                if position < link.end
+            )
+        return hit
+
+    def tail_ms(self, app: str, position: int) -> float:
+        """What one more request of `app` from `position` adds to a long queue: the time a
+        sample takes from there to the end of its app at each model's cheapest batch size per
+        sample (what a saturated server spends on each request it takes)."""
+        key = (app, position)
+        hit = self._tail_memo.get(key)
+        if hit is None:
+            hit = self._tail_memo[key] = sum(
+                min(
+                    self.run_ms(link.model, max(0, position - link.offset), link.num_stages, b) / b
+                    for b in range(1, self._limits[link.model] + 1)
+                )
                 for link in self._chains[app]
                 if position < link.end
             )

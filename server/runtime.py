@@ -35,6 +35,21 @@ the reason), or with an error if its action failed. A client that goes away is f
 request leaves the queue and its tensors are freed. Should planning or the runner itself fail (a
 fault of the server's), every queued request is answered with that error and the server refuses
 new ones, saying why, instead of leaving them waiting.
+
+Admission. Under a policy that drops the requests it would finish late (`dp-tardy`), a request
+is answered dropped on arrival, before its decode, when the work queued ahead of it, at a
+saturated server's cost per request, would not leave it done within ADMISSION_SHARE of its
+deadline (`scheduler.admission`). Past capacity the queue otherwise grows to the deadline's
+edge, and there a plan's prediction for a request at the back is not its fate: one admitted at
+a predicted 601 ms of a 1000 ms deadline was dropped 371 ms later, predicted 8 ms late
+(mobilenet_v2 at 125 req/s on 2 replicas). Those requests were decoded and planned for nothing,
+and the answers that made it left little slack, so the client's clock, which also counts the
+way in, saw many as late. Against the commit before (`bench/server_ab.py`, 2 replicas, 4 pairs
+each, ahead in 4 of 4 on mobilenet_v2): mobilenet_v2 at 1000 ms and 135 req/s +0.095 on time
+(client timeouts from 63-134 a run to 0-5, planning from 10-13% of a core to 2-3%), at 1000 ms
+and 125 req/s +0.101, at 300 ms and 120 req/s +0.179; googlenet at 300 ms and 42 req/s +0.003.
+Appending the request to the newest plan's last completion instead turned fewer away: +0.057
+at 135 req/s with the same share, +0.005 with a share of 1/1.15.
 """
 
 from __future__ import annotations
@@ -57,10 +72,12 @@ import torch
 from layerexec.executor import Executor, Progress, ShapeError
 from layerexec.torch_thread import TorchThread
 from layerexec.zoo import ModelSpec, StagedModel
+from scheduler.admission import room_for
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
-from scheduler.policies import make_policy
+from scheduler.policies import DROPS_LATE, make_policy
+from scheduler.policies.common import QUEUE_FULL_AHEAD
 from scheduler.profile import scaled_stages, with_entry_cost
 from scheduler.state import SchedulerState
 from scheduler.types import Action, Request, Step
@@ -77,6 +94,8 @@ SWITCH_INTERVAL_S = 0.0005
 CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
 CALIBRATION_EVERY = 25  # steps between checks (after the first CALIBRATION_EVERY, each checked)
 CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
+# a new request is taken only if the plans would finish it within this share of its deadline
+ADMISSION_SHARE = 2 / 3  # (module docstring, "Admission"; bench/results/peers-log.md, s75)
 
 
 class Overloaded(BadRequest):
@@ -126,12 +145,15 @@ class Runtime:
         step_log: StepLog | None = None,
         metrics: Metrics | None = None,
         replica: int | None = None,
+        admission_share: float | None = ADMISSION_SHARE,
     ) -> None:
         """`torch_thread`: the thread the models were loaded on, to run the steps on (and this
         constructor on, as it moves the weights: `layerexec.torch_thread`); a new one if None.
         `step_log`: where every step it runs is written (`server.step_log`); closed by `stop`.
         `metrics` and `replica`: the counters it shares with the other replicas of a server, and
-        which of them it is (`server.replicas`; the step log says so on every line)."""
+        which of them it is (`server.replicas`; the step log says so on every line).
+        `admission_share`: see the module docstring, "Admission" (None: every request is
+        decoded and left to the plans)."""
         self.deployment = deployment
         self.base_profiles = dict(deployment.profiles)
         self.calibrate = calibrate
@@ -152,6 +174,7 @@ class Runtime:
         self.policy_name = policy
         self.clock = clock
         self.max_queued = max_queued
+        self.admission_share = admission_share
         self.estimate_ttl_ms = estimate_ttl_ms
         self.metrics = metrics or Metrics()
         self.replica = replica
@@ -257,6 +280,8 @@ class Runtime:
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         loop = asyncio.get_running_loop()
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
+        if not self._room_for(req, received_ms):
+            return await self._turn_away(rid, req, received_ms, raw)
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
             tensor, took_ms = await loop.run_in_executor(self._decode_pool, self._decode_timed, req)
@@ -293,6 +318,32 @@ class Runtime:
         except asyncio.CancelledError:
             self.forget(rid)
             raise
+
+    def _room_for(self, req: InferRequest, received_ms: float) -> bool:
+        """Under a policy that drops the requests it would serve late, whether the work queued
+        ahead (and decoding) leaves this one room within `admission_share` of its deadline
+        (`scheduler.admission`; module docstring, "Admission"). A bad app or position is let through
+        for the checks after."""
+        if self.admission_share is None or self.policy_name not in DROPS_LATE:
+            return True
+        length = self.deployment.app_length(req.app) if req.app in self.deployment.apps else 0
+        if req.position >= length:
+            return True
+        return room_for(
+            self.engine.state, req.app, req.position, received_ms + req.deadline_ms, received_ms,
+            self._admitting, self.admission_share,
+        )  # fmt: skip
+
+    async def _turn_away(
+        self, rid: str, req: InferRequest, received_ms: float, raw: bool
+    ) -> dict[str, Any]:
+        """Answer a request as dropped (QUEUE_FULL_AHEAD) at once, before its decode."""
+        request = Request(rid, req.app, req.position, received_ms,
+                          received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = Pending(request, future, raw=raw)
+        self._answer_drops([Dropped(request, QUEUE_FULL_AHEAD, received_ms)])
+        return await future
 
     def _arm_deadline_timer(self) -> None:
         """Wake at the earliest deadline of a queued request, so that a request whose deadline

@@ -122,10 +122,12 @@ async def test_the_server_logs_a_request_it_drops_with_how_late_it_would_have_be
     """A request due sooner than its model can run alone is dropped as hopeless: its line says
     how long it waited, how long it had left and how late it would have finished alone. (The
     plans' profile is made 1000 times slower, so that the deadline is not already past when
-    the request, decoded, is first planned.)"""
+    the request, decoded, is first planned, and admission is off: it would turn the request
+    away undecoded, before any plan.)"""
     path = tmp_path / "steps.jsonl"
     runtime = build_runtime([CIFAR], threads=1, decode_threads=1, step_log=path)
     runtime.calibrate = False
+    runtime.admission_share = None
     d = runtime.deployment
     slow = [scaled_stages(p, [1000.0] * p.num_stages) for p in d.profiles.values()]
     runtime.deployment = Deployment(slow, list(d.apps.values()), d.max_batch_cap, d.groups)

@@ -13,6 +13,8 @@ from scheduler.policies.whole_model import Dynamic, Nexus, Tfs
 from scheduler.types import Scheduler
 
 POLICIES = ("nobatch", "dynamic", "batch", "nexus", "edf", "dp-time", "dp-tardy", "tfs", "irina")
+# the policies that drop a request their plan would finish after its deadline (`PREDICTED_LATE`)
+DROPS_LATE = frozenset({"dp-tardy"})
 
 
 def make_policy(
@@ -45,4 +47,4 @@ def make_policy(
     return simple[name]()
 
 
-__all__ = ["POLICIES", "make_policy"]
+__all__ = ["DROPS_LATE", "POLICIES", "make_policy"]

@@ -7,6 +7,7 @@ from scheduler.types import Drop, Request
 
 EXPIRED = "deadline passed before it finished"
 HOPELESS = "cannot finish by its deadline even if run alone now"
+QUEUE_FULL_AHEAD = "the requests queued ahead of it already fill its deadline"
 PREDICTED_LATE = "the schedule that serves the most requests on time finishes it too late"
 
 

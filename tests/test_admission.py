@@ -1,0 +1,62 @@
+"""Admission past capacity (scheduler/admission.py): the queued work at a saturated server's
+cost per request, against the share of a new request's deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.admission import room_for
+from scheduler.deployment import Deployment
+from scheduler.profile import load_profile
+from scheduler.state import SchedulerState
+from scheduler.types import Request
+from tests.sim_cases import GOOGLENET, GOOGLENET_V100
+
+G = GOOGLENET
+
+
+@pytest.fixture(scope="module")
+def d() -> Deployment:
+    return Deployment([load_profile(GOOGLENET_V100)], groups=5)
+
+
+def queue(d: Deployment, positions: list[int]) -> SchedulerState:
+    return SchedulerState(d, [Request(f"r{i}", G, p, 0.0, 1e9) for i, p in enumerate(positions)])
+
+
+def test_tail_ms_is_the_cheapest_per_sample_cost_from_a_position(d: Deployment) -> None:
+    limit = d.batch_limit(G)
+    for position in (0, 4, 9):
+        per_sample = [d.run_ms(G, position, 10, b) / b for b in range(1, limit + 1)]
+        assert d.tail_ms(G, position) == pytest.approx(min(per_sample))
+        # batching pays: a sample at the cheapest batch costs less than one alone
+        assert d.tail_ms(G, position) < d.solo_ms(G, position)
+    assert d.tail_ms(G, 0) > d.tail_ms(G, 4) > d.tail_ms(G, 9)
+
+
+def test_an_empty_queue_admits_what_one_tail_fits(d: Deployment) -> None:
+    tail = d.tail_ms(G, 0)
+    empty = queue(d, [])
+    assert room_for(empty, G, 0, deadline_ms=100.0 + tail + 0.01, now_ms=100.0)
+    assert not room_for(empty, G, 0, deadline_ms=100.0 + tail - 0.01, now_ms=100.0)
+
+
+def test_the_queue_ahead_counts_from_where_each_request_stands(d: Deployment) -> None:
+    state = queue(d, [0, 0, 4, 9])
+    work = 2 * d.tail_ms(G, 0) + d.tail_ms(G, 4) + d.tail_ms(G, 9)
+    mine = d.tail_ms(G, 4)  # the newcomer enters at stage 4 (a feature map)
+    assert room_for(state, G, 4, deadline_ms=work + mine + 0.01, now_ms=0.0)
+    assert not room_for(state, G, 4, deadline_ms=work + mine - 0.01, now_ms=0.0)
+    # the arrivals still decoding stand before it, at its own cost each
+    assert room_for(state, G, 4, work + 3 * mine + 0.01, 0.0, ahead=2)
+    assert not room_for(state, G, 4, work + 3 * mine - 0.01, 0.0, ahead=2)
+
+
+def test_share_holds_the_queue_short_of_the_deadline(d: Deployment) -> None:
+    state = queue(d, [0] * 20)
+    need = 21 * d.tail_ms(G, 0)
+    assert room_for(state, G, 0, deadline_ms=need, now_ms=0.0)
+    assert not room_for(state, G, 0, deadline_ms=need, now_ms=0.0, share=2 / 3)
+    assert room_for(state, G, 0, deadline_ms=1.5 * need + 0.01, now_ms=0.0, share=2 / 3)
+    # the deadline counts from now: the same deadline later leaves less room
+    assert not room_for(state, G, 0, deadline_ms=need, now_ms=1.0)
