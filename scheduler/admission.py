@@ -13,8 +13,8 @@ while the work already queued leaves it no room:
 
 with `ahead` the arrivals still being decoded (not yet queued) and `tail` what one request
 costs a saturated server, which runs the batch size cheapest per sample. The queued requests
-are counted from where they stand (a running step's from where it started), so the work is
-what is left to run at the best batching, never more than a plan of the same requests takes.
+are counted from where they stand (a running step's from where it started). No plan is read, so
+the rule cannot go stale while a long step runs.
 `share` < 1 holds the queue short of the deadline: plans' predictions for the back of a long
 queue drift as it waits (the server's measurements: server/runtime.py, "Admission").
 """

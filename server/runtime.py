@@ -94,7 +94,8 @@ SWITCH_INTERVAL_S = 0.0005
 CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
 CALIBRATION_EVERY = 25  # steps between checks (after the first CALIBRATION_EVERY, each checked)
 CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
-# a new request is taken only if the plans would finish it within this share of its deadline
+# a new request is taken only if the work queued ahead leaves it done within this share of its
+# deadline
 ADMISSION_SHARE = 2 / 3  # (module docstring, "Admission"; bench/results/peers-log.md, s75)
 
 
