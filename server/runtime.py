@@ -281,8 +281,10 @@ class Runtime:
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         loop = asyncio.get_running_loop()
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
-        if not self._room_for(req, received_ms):
-            return await self._turn_away(rid, req, received_ms, raw)
+        request = Request(rid, req.app, req.position, received_ms,
+                          received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
+        if not self._room_for(request):
+            return self._turn_away(request, raw)
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
             tensor, took_ms = await loop.run_in_executor(self._decode_pool, self._decode_timed, req)
@@ -293,14 +295,6 @@ class Runtime:
             raise BadRequest(503, self.failure)
         if rid in self.pending:  # the same id arrived while we decoded
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
-        request = Request(
-            rid,
-            req.app,
-            req.position,
-            received_ms,
-            received_ms + req.deadline_ms,
-            req.client_id or "",
-        )
         try:
             self.executor.admit(rid, req.app, req.position, tensor)
         except ShapeError as exc:
@@ -320,31 +314,27 @@ class Runtime:
             self.forget(rid)
             raise
 
-    def _room_for(self, req: InferRequest, received_ms: float) -> bool:
+    def _room_for(self, r: Request) -> bool:
         """Under a policy that drops the requests it would serve late, whether the work queued
-        ahead (and decoding) leaves this one room within `admission_share` of its deadline
-        (`scheduler.admission`; module docstring, "Admission"). A bad app or position is let through
-        for the checks after."""
+        ahead (and decoding) leaves `r` room within `admission_share` of its deadline
+        (`scheduler.admission`; module docstring, "Admission"). A bad app or position is let
+        through for the checks after."""
         if self.admission_share is None or self.policy_name not in DROPS_LATE:
             return True
-        length = self.deployment.app_length(req.app) if req.app in self.deployment.apps else 0
-        if req.position >= length:
+        length = self.deployment.app_length(r.app) if r.app in self.deployment.apps else 0
+        if r.position >= length:
             return True
         return room_for(
-            self.engine.state, req.app, req.position, received_ms + req.deadline_ms, received_ms,
-            self._admitting, self.admission_share,
+            self.engine.state, r.app, r.position, r.deadline_ms, r.arrival_ms, self._admitting,
+            self.admission_share,
         )  # fmt: skip
 
-    async def _turn_away(
-        self, rid: str, req: InferRequest, received_ms: float, raw: bool
-    ) -> dict[str, Any]:
-        """Answer a request as dropped (QUEUE_FULL_AHEAD) at once, before its decode."""
-        request = Request(rid, req.app, req.position, received_ms,
-                          received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
+    def _turn_away(self, r: Request, raw: bool) -> dict[str, Any]:
+        """Answer `r` as dropped (QUEUE_FULL_AHEAD) at once, before its decode."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = Pending(request, future, raw=raw)
-        self._answer_drops([Dropped(request, QUEUE_FULL_AHEAD, received_ms)])
-        return await future
+        self.pending[r.id] = Pending(r, future, raw=raw)
+        self._answer_drops([Dropped(r, QUEUE_FULL_AHEAD, r.arrival_ms)])
+        return future.result()
 
     def _arm_deadline_timer(self) -> None:
         """Wake at the earliest deadline of a queued request, so that a request whose deadline
