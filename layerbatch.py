@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from scheduler.admission import ADMISSION_SHARE
 from scheduler.deployment import DEFAULT_MIN_GROUP_MS
 from scheduler.errors import InputError
 from scheduler.policies import POLICIES as POLICY_CHOICES
@@ -515,6 +516,14 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
         "give one measured with a replica's threads; default 1)",
     )
     p.add_argument(
+        "--admission-share",
+        type=_share,
+        default=None,
+        help="under dp-tardy, turn a request away on arrival when the work queued ahead leaves it "
+        "no room within this share of its deadline, as `layerbatch serve` does with "
+        f"{ADMISSION_SHARE:.3g} (scheduler/admission.py; default: off, every request joins)",
+    )
+    p.add_argument(
         "--min-group-ms",
         type=_non_negative_float,
         default=0.0,
@@ -587,6 +596,10 @@ def _finite_float(text: str, ok: Callable[[float], bool], expected: str) -> floa
 
 def _positive_float(text: str) -> float:
     return _finite_float(text, lambda v: v > 0, "a positive finite number")
+
+
+def _share(text: str) -> float:
+    return _finite_float(text, lambda v: 0 < v <= 1, "a share of the deadline in (0, 1]")
 
 
 def _non_negative_float(text: str) -> float:
@@ -745,6 +758,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         timer=time.perf_counter if ns.time_plans else None,
         step_gap_ms=ns.step_gap_ms,
         replicas=ns.replicas,
+        admission_share=ns.admission_share,
     )
     s = summarise(out)
     if ns.json:
@@ -797,6 +811,7 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
         None if trace is None else tuple(float(x) for x in trace),
         ns.step_gap_ms,
         ns.replicas,
+        ns.admission_share,
     )
     with tqdm(
         total=len(policies) * len(rates),

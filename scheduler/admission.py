@@ -17,11 +17,18 @@ are counted from where they stand (a running step's from where it started). No p
 the rule cannot go stale while a long step runs.
 `share` < 1 holds the queue short of the deadline: plans' predictions for the back of a long
 queue drift as it waits (the server's measurements: server/runtime.py, "Admission").
+`turns_away` is the gate both drivers call on an arrival: the server with ADMISSION_SHARE, the
+simulator with its `admission_share` (off by default: there no prediction drifts).
 """
 
 from __future__ import annotations
 
+from scheduler.policies import DROPS_LATE
 from scheduler.state import SchedulerState
+from scheduler.types import Request
+
+# the server's share (server/runtime.py, "Admission"; bench/results/peers-log.md, session 75)
+ADMISSION_SHARE = 2 / 3
 
 
 def room_for(
@@ -39,3 +46,25 @@ def room_for(
     work_ms = sum(d.tail_ms(r.app, r.position) for r in state)
     work_ms += (ahead + 1) * d.tail_ms(app, position)
     return work_ms <= share * (deadline_ms - now_ms)
+
+
+def turns_away(
+    state: SchedulerState,
+    policy: str,
+    request: Request,
+    now_ms: float,
+    share: float | None,
+    ahead: int = 0,
+) -> bool:
+    """Whether `request`, arriving at `now_ms`, is turned away before it joins `state`: only
+    under a policy that drops the requests it would finish late (`DROPS_LATE`) and with a
+    `share` (None: admission off), when `room_for` finds it no room. A request of an unknown app
+    or past its app's end is never turned away here (it is left to the checks that name it)."""
+    if share is None or policy not in DROPS_LATE:
+        return False
+    d = state.deployment
+    if request.app not in d.apps or request.position >= d.app_length(request.app):
+        return False
+    return not room_for(
+        state, request.app, request.position, request.deadline_ms, now_ms, ahead, share
+    )

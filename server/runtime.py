@@ -72,11 +72,11 @@ import torch
 from layerexec.executor import Executor, Progress, ShapeError
 from layerexec.torch_thread import TorchThread
 from layerexec.zoo import ModelSpec, StagedModel
-from scheduler.admission import room_for
+from scheduler.admission import ADMISSION_SHARE, turns_away
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
-from scheduler.policies import DROPS_LATE, make_policy
+from scheduler.policies import make_policy
 from scheduler.policies.common import QUEUE_FULL_AHEAD
 from scheduler.profile import scaled_stages, with_entry_cost
 from scheduler.state import SchedulerState
@@ -94,9 +94,6 @@ SWITCH_INTERVAL_S = 0.0005
 CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
 CALIBRATION_EVERY = 25  # steps between checks (after the first CALIBRATION_EVERY, each checked)
 CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
-# a new request is taken only if the work queued ahead leaves it done within this share of its
-# deadline
-ADMISSION_SHARE = 2 / 3  # (module docstring, "Admission"; bench/results/peers-log.md, s75)
 
 
 class Overloaded(BadRequest):
@@ -283,7 +280,10 @@ class Runtime:
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
         request = Request(rid, req.app, req.position, received_ms,
                           received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
-        if not self._room_for(request):
+        if turns_away(  # module docstring, "Admission"
+            self.engine.state, self.policy_name, request, received_ms, self.admission_share,
+            self._admitting,
+        ):  # fmt: skip
             return self._turn_away(request, raw)
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
@@ -313,21 +313,6 @@ class Runtime:
         except asyncio.CancelledError:
             self.forget(rid)
             raise
-
-    def _room_for(self, r: Request) -> bool:
-        """Under a policy that drops the requests it would serve late, whether the work queued
-        ahead (and decoding) leaves `r` room within `admission_share` of its deadline
-        (`scheduler.admission`; module docstring, "Admission"). A bad app or position is let
-        through for the checks after."""
-        if self.admission_share is None or self.policy_name not in DROPS_LATE:
-            return True
-        length = self.deployment.app_length(r.app) if r.app in self.deployment.apps else 0
-        if r.position >= length:
-            return True
-        return room_for(
-            self.engine.state, r.app, r.position, r.deadline_ms, r.arrival_ms, self._admitting,
-            self.admission_share,
-        )  # fmt: skip
 
     def _turn_away(self, r: Request, raw: bool) -> dict[str, Any]:
         """Answer `r` as dropped (QUEUE_FULL_AHEAD) at once, before its decode."""

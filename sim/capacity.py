@@ -44,6 +44,7 @@ class Setup:
     trace_s: tuple[float, ...] | None = None
     step_gap_ms: float = 0.0  # the device's idle time after every step (`simulate`)
     replicas: int = 1  # devices, each with its own queue and plans (`simulate`)
+    admission_share: float | None = None  # admission on arrival (`simulate`)
 
     def deployment(self) -> Deployment:
         return Deployment(self.profiles, self.apps, self.max_batch, self.groups)
@@ -83,7 +84,10 @@ def run_one(args: tuple[Setup, str, float]) -> dict[str, Any]:
         d, rate, setup.requests, setup.arrival, dict(setup.mix), setup.deadline_ms, rng, trace
     )
     scheduler = make_policy(policy, exact=setup.exact)
-    out = simulate(d, scheduler, w, step_gap_ms=setup.step_gap_ms, replicas=setup.replicas)
+    out = simulate(
+        d, scheduler, w, step_gap_ms=setup.step_gap_ms, replicas=setup.replicas,
+        admission_share=setup.admission_share,
+    )  # fmt: skip
     return summarise(out)
 
 

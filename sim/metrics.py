@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.policies.common import QUEUE_FULL_AHEAD
 from sim.simulator import Outcome
 
 
@@ -26,6 +27,8 @@ def summarise(out: Outcome) -> dict[str, Any]:
         "requests": n,
         "completed": len(out.latency_ms),
         "dropped": len(out.dropped),
+        # of those, turned away on arrival (`simulate(admission_share=...)`)
+        "turned_away": sum(r == QUEUE_FULL_AHEAD for r in out.dropped.values()),
         "late": len(out.latency_ms) - len(out.on_time),
         "on_time_ratio": _r(len(out.on_time) / n),
         "mean_ms": _stat(lat, np.mean),

@@ -14,8 +14,11 @@ ended: a server's hand-off between steps (its /v1/status `step_gap_ms`), which a
 every step it waits through. With `replicas` > 1 there are that many such devices, each with its
 own engine over the same deployment and policy, as `layerbatch serve --replicas` runs them: an
 arriving request joins one (`scheduler.dispatch`, the least work left, its work counted until it
-finishes or is dropped) and stays there. Nothing here reads a clock except the optional `timer`
-used to measure planning time, which never changes what is simulated.
+finishes or is dropped) and stays there. With `admission_share`, an arriving request is first
+offered to its replica's queue as the server offers it (`scheduler.admission`) and dropped at
+once when it finds no room; off by default, since here each stage takes exactly its profiled
+time and the share's margin is for a real machine's drift. Nothing here reads a clock except
+the optional `timer` used to measure planning time, which never changes what is simulated.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from scheduler.admission import turns_away
 from scheduler.deployment import Deployment
 from scheduler.dispatch import choose_replica
 from scheduler.engine import Dropped, Engine
+from scheduler.policies.common import QUEUE_FULL_AHEAD
 from scheduler.types import Request, Scheduler, Step
 from sim.lanes import Lane, slowdown
 from sim.workload import Workload
@@ -62,12 +67,14 @@ def simulate(
     keep_log: bool = False,
     step_gap_ms: float = 0.0,
     replicas: int = 1,
+    admission_share: float | None = None,
 ) -> Outcome:
     """Run `workload` through `policy` on `replicas` simulated devices; see the module
-    docstring."""
+    docstring. With `admission_share`, a request is turned away on arrival as the server turns
+    it away (`scheduler.admission.turns_away`; None: every request joins)."""
     if replicas < 1:
         raise ValueError(f"replicas: expected at least 1, got {replicas}")
-    run = _Run(deployment, workload, keep_log, step_gap_ms, policy.name, replicas)
+    run = _Run(deployment, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
     devices = [_Device(i, Engine(deployment, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):
         rid = f"q{i}"
@@ -112,8 +119,11 @@ class _Run:
         step_gap_ms: float,
         policy: str,
         replicas: int,
+        admission_share: float | None = None,
     ) -> None:
         self.deployment = deployment
+        self.policy = policy
+        self.admission_share = admission_share
         self.step_gap_ms = step_gap_ms
         self.out = Outcome(policy, workload, log=[] if keep_log else None, replicas=replicas)
         self.heap: list[tuple[float, int, int, object]] = []
@@ -255,9 +265,13 @@ class _Device:
             self.out.batches[(a.model, k)].append(a.batch_size)
 
     def arrive(self, now: float, requests: list[Request]) -> None:
+        run = self.run
         for r in requests:
-            self.run.note(now, "arrive", r.id)
-            self.engine.add(r)
+            run.note(now, "arrive", r.id)
+            if turns_away(self.engine.state, run.policy, r, now, run.admission_share):
+                self.record_drops([Dropped(r, QUEUE_FULL_AHEAD, now)])
+            else:
+                self.engine.add(r)
         self.record_drops(self.engine.replan(now))
         if self.engine.running is None:
             self.try_start(now)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from scheduler.admission import ADMISSION_SHARE
 from scheduler.policies.common import QUEUE_FULL_AHEAD
-from server.runtime import ADMISSION_SHARE, Runtime
+from server.runtime import Runtime
 from tests.server_cases import (
     CIFAR,
     StageGate,
