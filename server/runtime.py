@@ -49,7 +49,10 @@ each, ahead in 4 of 4 on mobilenet_v2): mobilenet_v2 at 1000 ms and 135 req/s +0
 (client timeouts from 63-134 a run to 0-5, planning from 10-13% of a core to 2-3%), at 1000 ms
 and 125 req/s +0.101, at 300 ms and 120 req/s +0.179; googlenet at 300 ms and 42 req/s +0.003.
 Appending the request to the newest plan's last completion instead turned fewer away: +0.057
-at 135 req/s with the same share, +0.005 with a share of 1/1.15.
+at 135 req/s with the same share, +0.005 with a share of 1/1.15. It costs where the queue
+passes the share only for a moment and then drains in time: googlenet at 300 ms and 33 req/s
+-0.021, and under the Azure trace at 1000 ms and 38 req/s -0.086 against admission off
+(bench/results/peers-log.md, sessions 75-76).
 """
 
 from __future__ import annotations
