@@ -520,7 +520,8 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
         type=_share,
         default=None,
         help="under dp-tardy, turn a request away on arrival when the work queued ahead leaves it "
-        "no room within this share of its deadline, as `layerbatch serve` does with "
+        "no room within its deadline, or within this share of it while the queue is overloaded "
+        "(since a drop, until an arrival finds it empty), as `layerbatch serve` does with "
         f"{ADMISSION_SHARE:.3g} (scheduler/admission.py; default: off, every request joins)",
     )
     p.add_argument(

@@ -141,7 +141,7 @@ class Replicas:
         under "replicas": what it holds, its running step and its calibration."""
         docs = [r.status() for r in self.runtimes]
         own = ("queued", "running", "store_bytes", "time_scale", "stage_scales", "decode_ms",
-               "step_gap_ms", "failure")  # fmt: skip
+               "step_gap_ms", "admission_share", "failure")  # fmt: skip
         out = {k: v for k, v in docs[0].items() if k not in own}
         out["accepting"] = self.accepting
         out["queued"] = sum(d["queued"] for d in docs)

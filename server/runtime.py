@@ -38,21 +38,24 @@ new ones, saying why, instead of leaving them waiting.
 
 Admission. Under a policy that drops the requests it would finish late (`dp-tardy`), a request
 is answered dropped on arrival, before its decode, when the work queued ahead of it, at a
-saturated server's cost per request, would not leave it done within ADMISSION_SHARE of its
-deadline (`scheduler.admission`). Past capacity the queue otherwise grows to the deadline's
-edge, and there a plan's prediction for a request at the back is not its fate: one admitted at
-a predicted 601 ms of a 1000 ms deadline was dropped 371 ms later, predicted 8 ms late
-(mobilenet_v2 at 125 req/s on 2 replicas). Those requests were decoded and planned for nothing,
-and the answers that made it left little slack, so the client's clock, which also counts the
-way in, saw many as late. Against the commit before (`bench/server_ab.py`, 2 replicas, 4 pairs
-each, ahead in 4 of 4 on mobilenet_v2): mobilenet_v2 at 1000 ms and 135 req/s +0.095 on time
-(client timeouts from 63-134 a run to 0-5, planning from 10-13% of a core to 2-3%), at 1000 ms
-and 125 req/s +0.101, at 300 ms and 120 req/s +0.179; googlenet at 300 ms and 42 req/s +0.003.
-Appending the request to the newest plan's last completion instead turned fewer away: +0.057
-at 135 req/s with the same share, +0.005 with a share of 1/1.15. It costs where the queue
-passes the share only for a moment and then drains in time: googlenet at 300 ms and 33 req/s
--0.021, and under the Azure trace at 1000 ms and 38 req/s -0.086 against admission off
-(bench/results/peers-log.md, sessions 75-76).
+saturated server's cost per request, would not leave it done within its deadline, and, while
+the queue is overloaded (since one of its requests was dropped, until an arrival finds it
+empty), within ADMISSION_SHARE of it (`scheduler.admission`). Past capacity the queue otherwise
+grows to the deadline's edge, and there a plan's prediction for a request at the back is not
+its fate: one admitted at a predicted 601 ms of a 1000 ms deadline was dropped 371 ms later,
+predicted 8 ms late (mobilenet_v2 at 125 req/s on 2 replicas). Those requests were decoded and
+planned for nothing, and the answers that made it left little slack, so the client's clock,
+which also counts the way in, saw many as late. With the share always on, against the commit
+before it (`bench/server_ab.py`, 2 replicas, 4 pairs each, ahead in 4 of 4 on mobilenet_v2):
+mobilenet_v2 at 1000 ms and 135 req/s +0.095 on time (client timeouts from 63-134 a run to 0-5,
+planning from 10-13% of a core to 2-3%), at 1000 ms and 125 req/s +0.101, at 300 ms and 120
+req/s +0.179. But it cost where the queue passes the share only for a moment and then drains
+in time: googlenet at 300 ms and 33 req/s -0.021, and under the Azure trace at 1000 ms and 38
+req/s -0.086 against admission off (bench/results/peers-log.md, sessions 75-76). Holding the
+share for an overloaded queue only, against the share always on (session 77): googlenet under
+the trace at 1000 ms and 70 req/s +0.096 (ahead in 4 of 4, 0-1 dropped a run against 14-24);
+mobilenet_v2 past capacity, where the share holds from the first seconds on, at 1000 ms and 340
+req/s -0.016 and at 300 ms and 300 req/s +0.016 (each ahead in 2 of 4).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ import torch
 from layerexec.executor import Executor, Progress, ShapeError
 from layerexec.torch_thread import TorchThread
 from layerexec.zoo import ModelSpec, StagedModel
-from scheduler.admission import ADMISSION_SHARE, turns_away
+from scheduler.admission import ADMISSION_SHARE, Admission
 from scheduler.deployment import Deployment
 from scheduler.engine import Dropped, Engine
 from scheduler.errors import InputError
@@ -175,7 +178,7 @@ class Runtime:
         self.policy_name = policy
         self.clock = clock
         self.max_queued = max_queued
-        self.admission_share = admission_share
+        self.admission = None if admission_share is None else Admission(admission_share)
         self.estimate_ttl_ms = estimate_ttl_ms
         self.metrics = metrics or Metrics()
         self.replica = replica
@@ -283,10 +286,9 @@ class Runtime:
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
         request = Request(rid, req.app, req.position, received_ms,
                           received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
-        if turns_away(  # module docstring, "Admission"
-            self.engine.state, self.policy_name, request, received_ms, self.admission_share,
-            self._admitting,
-        ):  # fmt: skip
+        if self.admission is not None and self.admission.turns_away(  # module doc, "Admission"
+            self.engine.state, self.policy_name, request, received_ms, self._admitting
+        ):
             return self._turn_away(request, raw)
         self._admitting += 1  # holds a place in the queue while it decodes
         try:
@@ -690,6 +692,8 @@ class Runtime:
         self._plans_seen = len(self.engine.plan_us)
 
     def _answer_drops(self, drops: list[Dropped]) -> None:
+        if drops and self.admission is not None:
+            self.admission.dropped()
         for d in drops:
             r = d.request
             self.executor.drop([r.id])
@@ -771,6 +775,10 @@ class Runtime:
             "decode_ms": None if self.decode_ms is None else round(self.decode_ms, 3),
             "step_gap_ms": None if self.step_gap_ms is None else round(self.step_gap_ms, 3),
             "layer_groups": {m: len(self.deployment.group_bounds(m)) for m in self.base_profiles},
+            # the part of a deadline the door admits within now (None: admission off)
+            "admission_share": None
+            if self.admission is None
+            else round(self.admission.share_now(), 3),
             "failure": self.failure,
         }
 

@@ -16,9 +16,10 @@ own engine over the same deployment and policy, as `layerbatch serve --replicas`
 arriving request joins one (`scheduler.dispatch`, the least work left, its work counted until it
 finishes or is dropped) and stays there. With `admission_share`, an arriving request is first
 offered to its replica's queue as the server offers it (`scheduler.admission`) and dropped at
-once when it finds no room; off by default, since here each stage takes exactly its profiled
-time and the share's margin is for a real machine's drift. Nothing here reads a clock except
-the optional `timer` used to measure planning time, which never changes what is simulated.
+once when it finds no room (within its deadline, and within `admission_share` of it while the
+queue is overloaded); off by default (bench/results/peers-log.md, session 76: here it only
+cost). Nothing here reads a clock except the optional `timer` used to measure planning time,
+which never changes what is simulated.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.admission import turns_away
+from scheduler.admission import Admission
 from scheduler.deployment import Deployment
 from scheduler.dispatch import choose_replica
 from scheduler.engine import Dropped, Engine
@@ -71,7 +72,7 @@ def simulate(
 ) -> Outcome:
     """Run `workload` through `policy` on `replicas` simulated devices; see the module
     docstring. With `admission_share`, a request is turned away on arrival as the server turns
-    it away (`scheduler.admission.turns_away`; None: every request joins)."""
+    it away (`scheduler.admission.Admission`, one per replica; None: every request joins)."""
     if replicas < 1:
         raise ValueError(f"replicas: expected at least 1, got {replicas}")
     run = _Run(deployment, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
@@ -169,11 +170,15 @@ class _Device:
         self.side_token = 0  # the same for BESIDE_DONE
         self.wake_at: float | None = None
         self.free_at = float("-inf")  # the device starts no step before this (step_gap_ms after)
+        share = run.admission_share
+        self.admission = None if share is None else Admission(share)  # its queue's door
 
     def push(self, t: float, kind: int, event: object) -> None:
         self.run.push(t, kind, (self.index, event))
 
     def record_drops(self, drops: list[Dropped]) -> None:
+        if drops and self.admission is not None:
+            self.admission.dropped()
         for d in drops:
             self.out.dropped[d.request.id] = d.reason
             self.run.release(d.request.id)
@@ -268,7 +273,8 @@ class _Device:
         run = self.run
         for r in requests:
             run.note(now, "arrive", r.id)
-            if turns_away(self.engine.state, run.policy, r, now, run.admission_share):
+            door = self.admission
+            if door is not None and door.turns_away(self.engine.state, run.policy, r, now):
                 self.record_drops([Dropped(r, QUEUE_FULL_AHEAD, now)])
             else:
                 self.engine.add(r)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.admission import room_for
+from scheduler.admission import Admission, room_for
 from scheduler.deployment import Deployment
 from scheduler.profile import load_profile
 from scheduler.state import SchedulerState
@@ -60,3 +60,48 @@ def test_share_holds_the_queue_short_of_the_deadline(d: Deployment) -> None:
     assert room_for(state, G, 0, deadline_ms=1.5 * need + 0.01, now_ms=0.0, share=2 / 3)
     # the deadline counts from now: the same deadline later leaves less room
     assert not room_for(state, G, 0, deadline_ms=need, now_ms=1.0)
+
+
+def arrival(deadline_ms: float, now_ms: float = 0.0) -> Request:
+    return Request("new", G, 0, now_ms, deadline_ms)
+
+
+def test_the_door_admits_to_the_deadline_until_a_drop_then_within_the_share(
+    d: Deployment,
+) -> None:
+    state = queue(d, [0] * 20)
+    need = 21 * d.tail_ms(G, 0)  # the queue's work and the newcomer's
+    door = Admission(2 / 3)
+    assert door.share_now() == 1.0
+    assert not door.turns_away(state, "dp-tardy", arrival(need + 0.01), 0.0)
+    assert door.turns_away(state, "dp-tardy", arrival(need - 0.01), 0.0)
+    door.dropped()  # e.g. that turn-away, or a plan's drop
+    assert door.share_now() == pytest.approx(2 / 3)
+    assert door.turns_away(state, "dp-tardy", arrival(need + 0.01), 0.0)
+    assert not door.turns_away(state, "dp-tardy", arrival(1.5 * need + 0.01), 0.0)
+    # still overloaded while requests are being decoded ahead of an empty queue
+    empty = queue(d, [])
+    door.turns_away(empty, "dp-tardy", arrival(1e9), 0.0, ahead=1)
+    assert door.overloaded
+    # an arrival that finds the queue empty ends the overload, and is itself counted at 1
+    one = d.tail_ms(G, 0)
+    assert not door.turns_away(empty, "dp-tardy", arrival(one + 0.01), 0.0)
+    assert not door.overloaded and door.share_now() == 1.0
+
+
+def test_the_door_lets_through_what_it_does_not_judge(d: Deployment) -> None:
+    full = queue(d, [0] * 20)
+    door = Admission()
+    door.dropped()
+    # a policy that never drops for lateness: every request joins
+    assert not door.turns_away(full, "dp-time", arrival(1.0), 0.0)
+    # an unknown app, or a position past the app's end, is left to the checks that name it
+    assert not door.turns_away(full, "dp-tardy", Request("x", "no-such-app", 0, 0.0, 1.0), 0.0)
+    assert not door.turns_away(full, "dp-tardy", Request("x", G, 10, 0.0, 1.0), 0.0)
+    assert door.overloaded  # none of those ends an overload
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.01, float("nan")])
+def test_a_share_outside_zero_to_one_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match=r"admission share: expected a number in \(0, 1\]"):
+        Admission(share)

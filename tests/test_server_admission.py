@@ -73,11 +73,13 @@ async def test_a_request_the_queue_leaves_no_room_is_dropped_before_its_decode(
     client = await serve(aiohttp_client, runtime)
     deadline = tight_deadline_ms(runtime)
     decoded = count_decodes(runtime)
+    assert runtime.status()["admission_share"] == 1.0  # no drop yet: admits to the deadline
     with StageGate(runtime, CIFAR, 1) as gate:
         tasks = await queue_behind_gate(client, runtime, gate)
         status, answer = await infer(
             client, infer_doc(small_jpeg(99), deadline_ms=deadline, request_id="behind")
         )
+        assert runtime.status()["admission_share"] == round(ADMISSION_SHARE, 3)
         assert gate.closed  # answered while the queue still waits
         assert status == 200
         assert answer["status"] == "dropped" and answer["request_id"] == "behind"
@@ -91,6 +93,10 @@ async def test_a_request_the_queue_leaves_no_room_is_dropped_before_its_decode(
     assert counters(runtime) == {f"{CIFAR}/ok": QUEUED, f"{CIFAR}/dropped": 1}
     assert runtime.status()["counters"]["dropped"] == {QUEUE_FULL_AHEAD: 1}
     assert_nothing_left(runtime)
+    # an arrival that finds the queue empty ends the overload
+    status, answer = await infer(client, infer_doc(small_jpeg(7), request_id="after"))
+    assert status == 200 and answer["status"] == "ok"
+    assert runtime.status()["admission_share"] == 1.0
 
 
 @pytest.mark.parametrize("policy", ["dp-tardy-without-admission", "dp-time"])
@@ -99,7 +105,7 @@ async def test_without_admission_the_request_is_decoded_and_queued(
 ) -> None:
     if policy == "dp-tardy-without-admission":
         runtime = build()
-        runtime.admission_share = None
+        runtime.admission = None
     else:
         runtime = build(policy=policy)
     client = await serve(aiohttp_client, runtime)

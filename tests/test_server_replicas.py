@@ -75,6 +75,8 @@ async def test_replicas_run_at_once_and_each_request_is_answered_once(
         await held(gate, 2)
         _, status = await get_json(client, "/v1/status")
         assert [r["running"] is not None for r in status["replicas"]] == [True, True]
+        assert [r["admission_share"] for r in status["replicas"]] == [1.0, 1.0]  # each its own
+        assert "admission_share" not in status
         assert status["queued"] == 2
         gate.open()
         answers = await asyncio.wait_for(asyncio.gather(first, second), GATE_LIMIT_S)

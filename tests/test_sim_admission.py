@@ -45,9 +45,28 @@ def test_three_at_once_the_third_finds_no_room(tiny: Deployment) -> None:
     assert out.log is not None and (0.0, "drop", "q2") in out.log
     s = summarise(out)
     assert (s["dropped"], s["turned_away"]) == (1, 1)
-    # a smaller share leaves room for one only
+    # before any drop the queue is not overloaded: a smaller share admits the same
     out = simulate(tiny, make_policy("dp-tardy"), three, admission_share=0.5)
-    assert set(out.dropped) == {"q1", "q2"} and out.on_time == {"q0"}
+    assert out.dropped == {"q2": QUEUE_FULL_AHEAD} and out.on_time == {"q0", "q1"}
+
+
+def test_the_share_holds_from_a_drop_until_an_arrival_finds_the_queue_empty(
+    tiny: Deployment,
+) -> None:
+    """By hand, deadline 70 ms. At 0: q0..q3 fill 68 ms, q4 (85) is turned away, and the queue
+    is overloaded. At 35 ms q5 finds q2 and q3 running (34 ms counted from their start) and
+    needs 51: within its 70 ms, not within half of them. At 300 ms the queue is empty again:
+    q6, q7 and q8 need 17, 34 and 51, all admitted as within 70 (q8 not within 35)."""
+    arrivals = (0.0,) * 5 + (35.0, 300.0, 300.0, 300.0)
+    w = Workload(arrival_ms=arrivals, apps=("m",) * 9, deadline_ms=70.0, rate_rps=10)
+    everyone = {f"q{i}" for i in range(9)}
+    out = simulate(tiny, make_policy("dp-tardy"), w, admission_share=1.0)
+    assert out.dropped == {"q4": QUEUE_FULL_AHEAD}
+    assert out.on_time == everyone - {"q4"}
+    assert out.latency_ms["q5"] == pytest.approx(63.0)  # after the pair, done at 98 of 105
+    out = simulate(tiny, make_policy("dp-tardy"), w, admission_share=0.5)
+    assert out.dropped == {"q4": QUEUE_FULL_AHEAD, "q5": QUEUE_FULL_AHEAD}
+    assert out.on_time == everyone - {"q4", "q5"}
 
 
 def overload(d: Deployment) -> Workload:

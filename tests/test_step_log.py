@@ -127,7 +127,7 @@ async def test_the_server_logs_a_request_it_drops_with_how_late_it_would_have_be
     path = tmp_path / "steps.jsonl"
     runtime = build_runtime([CIFAR], threads=1, decode_threads=1, step_log=path)
     runtime.calibrate = False
-    runtime.admission_share = None
+    runtime.admission = None
     d = runtime.deployment
     slow = [scaled_stages(p, [1000.0] * p.num_stages) for p in d.profiles.values()]
     runtime.deployment = Deployment(slow, list(d.apps.values()), d.max_batch_cap, d.groups)
