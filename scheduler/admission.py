@@ -21,11 +21,11 @@ Overloaded: from the first request of the queue dropped (turned away here, dropp
 or at its deadline) until an arrival finds the queue empty. The margin `share` < 1 is for a
 queue that later arrivals keep joining: measured on a server past its capacity (mobilenet_v2,
 1000 ms, 340 req/s, 2 replicas), requests admitted behind 400-700 ms of counted work finished
-after 1.46-1.48 times it, as the plans ran later arrivals' layers beside theirs, while the steps
-themselves drained the counted work at 0.85-1 of the count. At the back of a burst that
-stops, the last requests finished after 1.02-1.07 times it (googlenet under the Azure trace),
-so a queue that passes the share for a moment and then drains loses nothing by admitting to
-the deadline: a drop is the evidence that it does not drain in time
+after 1.46-1.48 times it, while the steps themselves drained the counted work at 0.85-1 of the
+count: the rest is later arrivals' layers, which the plans keep running ahead of theirs. At the
+back of a burst that stops, the last requests finished after 1.02-1.07 times it (googlenet
+under the Azure trace), so a queue that passes the share for a moment and then drains loses
+nothing by admitting to the deadline: a drop is the evidence that it does not drain in time
 (bench/results/peers-log.md, session 77).
 `Admission` is the door both drivers keep per queue: the server with ADMISSION_SHARE, the
 simulator with its `admission_share` (off by default).
