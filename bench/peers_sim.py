@@ -13,7 +13,9 @@ whenever the device is free, the oldest waiting requests, up to B, through the w
 `nexus` and `tfs` (batches that wait as long as the deadline allows). Every policy's batches take
 exactly their profiled time, so dp-tardy's crossing of 0.9 over the best other's is the gain of
 the scheduling alone: where it is below 1.3x, the issue's target needs a faster batch, not a
-better plan.
+better plan. dp-tardy keeps the server's door (`scheduler.admission`: a request with no room
+within its deadline, or within `--admission-share` of it while its queue is overloaded, is turned
+away on arrival); the peers' batchers turn nobody away, as the peers do not.
 
 Rates grow geometrically (x1.1) from a fraction of the compute bound (1000 / (decode + batch-1
 latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
@@ -42,6 +44,7 @@ from bench.peers_report import crossings
 from bench.peers_settings import MODELS
 from bench.peers_table import plot
 from scheduler import Deployment, load_profile, make_policy
+from scheduler.admission import ADMISSION_SHARE
 from scheduler.profile import with_entry_cost
 from scheduler.types import App
 from server.build import BUNDLED_PROFILES, profile_path
@@ -86,8 +89,10 @@ def sweep(
     trace: Any,
     policies: Sequence[str] = POLICIES,
     max_rates: int = 80,
+    admission_share: float | None = ADMISSION_SHARE,
 ) -> dict[str, dict[float, float]]:
-    """Each policy's on-time ratio by rate, over the grid in the module docstring."""
+    """Each policy's on-time ratio by rate, over the grid in the module docstring; dp-tardy
+    behind the server's door at `admission_share` (None: every request joins)."""
     rate = START[arrival] * profile_bound_rps(d)
     out: dict[str, dict[float, float]] = {p: {} for p in policies}
     below = 0
@@ -95,7 +100,9 @@ def sweep(
         w = workload(model, arrival, rate, deadline_ms, n, seed, trace)
         key = round(rate, 2)
         for p in policies:
-            out[p][key] = float(summarise(simulate(d, make_policy(p), w))["on_time_ratio"])
+            share = admission_share if p == "dp-tardy" else None
+            run = simulate(d, make_policy(p), w, admission_share=share)
+            out[p][key] = float(summarise(run)["on_time_ratio"])
         below = below + 1 if all(out[p][key] < THRESHOLD for p in policies) else 0
         if below == 2:
             break
@@ -132,6 +139,21 @@ def gain(rows: Sequence[dict[str, Any]]) -> float | None:
     return round(at["dp-tardy"] / best, 2) if best and at.get("dp-tardy") else None
 
 
+def admission_share(text: str) -> float | None:
+    """`--admission-share`: off, or a share of the deadline in (0, 1]."""
+    if text == "off":
+        return None
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(
+            f"expected off or a share of the deadline in (0, 1], got {text!r}"
+        )
+    return share
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -141,6 +163,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=8, help="every policy's largest batch")
     ap.add_argument("--requests", type=int, default=1000, help="Poisson requests per rate")
     ap.add_argument("--trace-requests", type=int, default=200, help="trace arrivals per rate")
+    ap.add_argument(
+        "--admission-share",
+        type=admission_share,
+        default=ADMISSION_SHARE,
+        help="dp-tardy's door while its queue is overloaded: a share of the deadline in (0, 1], "
+        f"or off (default {ADMISSION_SHARE:.3g}, the server's)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "peers-sim.json"))
     a = ap.parse_args(argv)
@@ -164,7 +193,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for deadline in (float(x) for x in a.deadlines.split(",")):
             for arrival in arrivals:
                 n = a.requests if arrival == "poisson" else a.trace_requests
-                on_time = sweep(d, model, arrival, deadline, n, a.seed, trace)
+                on_time = sweep(
+                    d, model, arrival, deadline, n, a.seed, trace, admission_share=a.admission_share
+                )
                 these = results(model, arrival, deadline, on_time)
                 rows += these
                 at = crossings(these)
@@ -179,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
     print(
         f"req/s where the on-time ratio crosses {THRESHOLD} (simulated, {a.decode_ms:g} ms "
-        f"decode a request, batches of at most {a.max_batch})"
+        f"decode a request, batches of at most {a.max_batch}; dp-tardy's admission "
+        f"{'off' if a.admission_share is None else f'share {a.admission_share:.3g}'})"
     )
     out = Path(a.out)
     doc = {"settings": vars(a), "compute_bound_rps": bounds, "table": table, "results": rows}

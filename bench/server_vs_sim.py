@@ -32,6 +32,7 @@ from client.demo import DEMO_APPS, free_port, start_server, wait_ready
 from client.frames import jpeg, video_frames
 from client.loadgen import Record, run_load, summary
 from scheduler import Deployment, load_profile, make_policy
+from scheduler.admission import ADMISSION_SHARE
 from scheduler.profile import scaled_stages, with_entry_cost
 from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
@@ -107,7 +108,11 @@ def main() -> None:
         args.rate,
     )
     gap_ms = status["step_gap_ms"] or 0.0
-    simulated = summarise(simulate(d, make_policy(args.policy), w, step_gap_ms=gap_ms))
+    # the server's door (None in its status: admission off), its share the server's default
+    share = None if status["admission_share"] is None else ADMISSION_SHARE
+    simulated = summarise(
+        simulate(d, make_policy(args.policy), w, step_gap_ms=gap_ms, admission_share=share)
+    )
     simulated["mean_ms"] += delay_ms
     if simulated["queue_ms_mean"] is not None:
         simulated["queue_ms_mean"] += delay_ms  # the server's queue counts from reception
@@ -115,7 +120,8 @@ def main() -> None:
         f"{args.policy}, {len(records)} requests at {args.rate:g} req/s, deadline {args.deadline_ms:g} ms; "
         f"profiles x{status['time_scale']:.2f} on average (the server's stage_scales), "
         f"decode {decode_ms:.1f} ms a sample ({'device time' if on_device else 'beside, a delay'}), "
-        f"{gap_ms:.2f} ms between steps"
+        f"{gap_ms:.2f} ms between steps, admission "
+        f"{'off' if share is None else f'within {share:.3g} of the deadline while overloaded'}"
     )
     print(f"{'':<10} {'on-time':>8} {'mean ms':>9}")
     print(f"{'server':<10} {real['on_time_ratio']:>8.3f} {real['mean_ms']:>9.1f}")

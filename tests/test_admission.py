@@ -10,7 +10,7 @@ from scheduler.deployment import Deployment
 from scheduler.profile import load_profile
 from scheduler.state import SchedulerState
 from scheduler.types import Request
-from tests.sim_cases import GOOGLENET, GOOGLENET_V100
+from tests.sim_cases import GOOGLENET, GOOGLENET_V100, REPVGG, REPVGG_V100
 
 G = GOOGLENET
 
@@ -105,3 +105,30 @@ def test_the_door_lets_through_what_it_does_not_judge(d: Deployment) -> None:
 def test_a_share_outside_zero_to_one_is_refused(share: float) -> None:
     with pytest.raises(ValueError, match=r"admission share: expected a number in \(0, 1\]"):
         Admission(share)
+
+
+def test_two_apps_share_one_door() -> None:
+    """A queue holding two apps counts both apps' work, and a drop of one app's request holds
+    the share for the other's arrivals too, until an arrival finds the queue empty."""
+    both = Deployment([load_profile(GOOGLENET_V100), load_profile(REPVGG_V100)], groups=5)
+    r = REPVGG
+    queued = [Request(f"g{i}", G, 0, 0.0, 1e9) for i in range(5)]
+    queued += [Request(f"r{i}", r, 0, 0.0, 1e9) for i in range(5)]
+    state = SchedulerState(both, queued)
+    work = 5 * both.tail_ms(G, 0) + 5 * both.tail_ms(r, 0)
+    door = Admission(2 / 3)
+    mine = both.tail_ms(r, 0)
+    assert not door.turns_away(state, "dp-tardy", Request("a", r, 0, 0.0, work + mine + 0.01), 0.0)
+    assert door.turns_away(state, "dp-tardy", Request("b", r, 0, 0.0, work + mine - 0.01), 0.0)
+    door.dropped()  # a googlenet request dropped by a plan
+    # the repvgg arrival is now held to the share of its own deadline
+    assert door.turns_away(state, "dp-tardy", Request("c", r, 0, 0.0, work + mine + 0.01), 0.0)
+    roomy = 1.5 * (work + mine) + 0.01
+    assert not door.turns_away(state, "dp-tardy", Request("d", r, 0, 0.0, roomy), 0.0)
+    # one app's requests still queued keep the queue overloaded for the other's arrivals
+    only_r = SchedulerState(both, [q for q in queued if q.app == r])
+    door.turns_away(only_r, "dp-tardy", Request("e", G, 0, 0.0, 1e9), 0.0)
+    assert door.overloaded
+    empty = SchedulerState(both, [])
+    assert not door.turns_away(empty, "dp-tardy", Request("f", G, 0, 0.0, 1e9), 0.0)
+    assert not door.overloaded

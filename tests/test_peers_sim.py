@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import numpy as np
@@ -9,7 +10,20 @@ import pytest
 
 from bench.peers_arrivals import AZURE_TRACE, arrivals_for
 from bench.peers_crossing import THRESHOLD
-from bench.peers_sim import STEP, deployment, gain, profile_bound_rps, results, sweep, workload
+from bench.peers_sim import (
+    START,
+    STEP,
+    admission_share,
+    deployment,
+    gain,
+    profile_bound_rps,
+    results,
+    sweep,
+    workload,
+)
+from scheduler import make_policy
+from sim.metrics import summarise
+from sim.simulator import simulate
 from traces.arrivals import load_timestamps
 
 
@@ -65,3 +79,31 @@ def test_rows_and_gain_compare_dp_tardy_with_the_best_other_policy() -> None:
     assert rows["tfs"]["capacity_rps"] == 0.0 and rows["tfs"]["crossing_rps"] is None
     assert rows["dp-tardy"]["arrival"] == "azure, simulated"
     assert gain(list(rows.values())) == pytest.approx(11.5 / 10.5, abs=0.01)
+
+
+def test_only_dp_tardy_keeps_the_servers_door(trace: np.ndarray) -> None:
+    d = deployment("resnet18", 2.0, 8)
+    policies = ("dp-tardy", "dynamic")
+    door = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, policies, admission_share=2 / 3)
+    open_ = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, policies, admission_share=None)
+    common = door["dynamic"].keys() & open_["dynamic"].keys()  # the sweeps stop on dp-tardy too
+    assert len(common) > 10
+    for rate in common:  # the peers' batchers turn nobody away
+        assert door["dynamic"][rate] == open_["dynamic"][rate]
+    turned_away, rate = 0, START["azure"] * profile_bound_rps(d)  # the sweep's rates, unrounded
+    for key, on_time in door["dp-tardy"].items():
+        assert key == round(rate, 2)
+        w = workload("resnet18", "azure", rate, 300.0, 100, 1, trace)
+        run = summarise(simulate(d, make_policy("dp-tardy"), w, admission_share=2 / 3))
+        assert on_time == run["on_time_ratio"]
+        turned_away += run["turned_away"]
+        rate *= STEP
+    assert turned_away > 0  # past capacity the door turned requests away
+
+
+def test_admission_share_takes_off_or_a_share_of_the_deadline() -> None:
+    assert admission_share("off") is None
+    assert admission_share("1") == 1.0 and admission_share("0.5") == 0.5
+    for bad in ("0", "1.5", "-0.2", "nan", "half"):
+        with pytest.raises(argparse.ArgumentTypeError, match="off or a share"):
+            admission_share(bad)
