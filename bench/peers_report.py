@@ -5,6 +5,7 @@ server's crossing at the batched ceiling."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,15 +85,20 @@ def report_interleaved(doc: dict[str, Any], png: Path, rng: np.random.Generator)
                 f"{server} {qualifier[side]}{rps:.1f} ({rps / float(ceiling):.2f} of the ceiling)"
             )
         each = ", ".join(parts)
+        crosses = (
+            f"crosses {THRESHOLD} at {ideal:.1f} req/s"
+            if math.isfinite(ideal)  # else the arrivals fit its deadline however fast they come
+            else f"stays at {THRESHOLD} or more at every rate"
+        )
         print(
-            f"an ideal server at the ceiling (bench/peers_ideal.py) crosses {THRESHOLD} at "
-            f"{ideal:.1f} req/s under these arrivals"
+            f"an ideal server at the ceiling (bench/peers_ideal.py) {crosses} under these arrivals"
             + (f"; each server crosses where it would at a ceiling of {each}" if each else "")
         )
     if best_peer:
         target = TARGET_RATIO * best_peer
         share = f": {target / ceiling:.2f} of the ceiling" if ceiling else ""
-        share += f", {target / ideal:.2f} of the ideal server's crossing" if ideal else ""
+        if ideal and math.isfinite(ideal):
+            share += f", {target / ideal:.2f} of the ideal server's crossing"
         print(f"{TARGET_RATIO:g}x the best peer's {best_peer:g} req/s is {target:.1f}{share}")
 
 

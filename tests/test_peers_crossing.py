@@ -5,6 +5,7 @@ saved --interleave runs of one cell and reports them."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -234,3 +235,24 @@ def test_report_names_a_file_that_is_not_an_interleaved_run(tmp_path: Path) -> N
     assert (
         done.returncode != 0 and "missing.json: expected an --interleave JSON file" in done.stderr
     )
+
+
+def test_report_says_when_an_ideal_server_never_falls_under(tmp_path: Path) -> None:
+    # 200 trace arrivals within 1000 ms: at a ceiling of 300 req/s an ideal server serves them
+    # all on time however fast they come, so it has no crossing to compare a target with
+    doc = _doc(
+        {"layerbatch": {"250": [1.0], "650": [1.0]}, "torchserve": {"250": [0.95], "650": [0.8]}},
+        deadline_ms=1000.0,
+    )
+    doc["compute_bound"] = {"rps": 100.0, "batched_rps": 300.0, "speed_change": 1.0}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    done = _report(str(path), "--out", str(tmp_path / "pooled.json"))
+    assert done.returncode == 0, done.stderr
+    assert math.isinf(ideal_crossing_rps(_trace_arrivals, 1000.0, 300.0))
+    assert (
+        "an ideal server at the ceiling (bench/peers_ideal.py) stays at 0.9 or more at every rate"
+        in done.stdout
+    )
+    target = next(line for line in done.stdout.splitlines() if line.startswith("1.3x the best"))
+    assert "of the ceiling" in target and "ideal" not in target
