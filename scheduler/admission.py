@@ -26,11 +26,12 @@ count: the rest is later arrivals' layers, which the plans keep running ahead of
 back of a burst that stops, the last requests finished after 1.02-1.07 times it (googlenet
 under the Azure trace), so a queue that passes the share for a moment and then drains loses
 nothing by admitting to the deadline: a drop is the evidence that it does not drain in time
-(bench/results/peers-log.md, session 77). The share stays fixed while overloaded. Two signals
-were tried in session 79: a share from the measured finish-to-count ratio of answered requests
-lost up to 0.135 on time past capacity, and holding it only while arrivals outnumber on-time
-answers moved nothing beyond noise. A burst differs from a steady overload only in that it
-stops, and nothing measured before then says so.
+(bench/results/peers-log.md, session 77). The share stays fixed while overloaded. Three other
+rules were tried in session 79: a share from the measured finish-to-count ratio of answered
+requests lost up to 0.135 on time past capacity; holding it only while arrivals outnumber
+on-time answers moved nothing beyond noise; a margin of 4 ms per queued request lost 0.068 on
+googlenet at 300 ms. A burst differs from a steady overload only in that it stops, and nothing
+measured before then says so.
 `Admission` is the door both drivers keep per queue: the server with ADMISSION_SHARE, the
 simulator with its `admission_share` (off by default).
 """
