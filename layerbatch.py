@@ -508,6 +508,14 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
         help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
     p.add_argument(
+        "--decode-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="device time each admitted request's decode costs before the device's next step, as "
+        "on a server whose torch threads take every core (its /v1/status decode_ms; the plans "
+        "count it in each model's first stage; default 0)",
+    )
+    p.add_argument(
         "--replicas",
         type=_positive_int,
         default=1,
@@ -760,6 +768,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         step_gap_ms=ns.step_gap_ms,
         replicas=ns.replicas,
         admission_share=ns.admission_share,
+        decode_ms=ns.decode_ms,
     )
     s = summarise(out)
     if ns.json:
@@ -813,6 +822,7 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
         ns.step_gap_ms,
         ns.replicas,
         ns.admission_share,
+        ns.decode_ms,
     )
     with tqdm(
         total=len(policies) * len(rates),

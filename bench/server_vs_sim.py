@@ -5,15 +5,17 @@ One run: `layerbatch serve` in a child process on loopback, driven by the built-
 (real video frames as JPEG) at Poisson arrivals; then the simulator replays exactly those arrivals
 (times and apps) with the same policy, deadline and the profiles the server plans with: each
 stage rescaled by the factor it measured between its steps' real and profiled times
-(`stage_scales`), and its measured decode time (`decode_ms`): as work per sample of each model's
-first stage when it decodes on the executor thread, else as a delay before a request reaches the
+(`stage_scales`), and its measured decode time (`decode_ms`): as device time each admitted
+request costs before the next step when it decodes on the executor thread (`simulate(decode_ms=
+...)`, the plans counting it in each model's first stage as the server's do), else as a delay
+before a request reaches the
 scheduler (the simulator's requests arrive that much later with that much less time to their
 deadline, and it is added back to their completion times); and its measured hand-off between
 two steps (`step_gap_ms`), which the simulated device waits after every step.
 Prints both sides, the differences, and where the server's served requests spent their time
 (from the timings in its answers).
 
-    .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30]
+    .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30] [--threads 2]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from client.frames import jpeg, video_frames
 from client.loadgen import Record, run_load, summary
 from scheduler import Deployment, load_profile, make_policy
 from scheduler.admission import ADMISSION_SHARE
-from scheduler.profile import scaled_stages, with_entry_cost
+from scheduler.profile import scaled_stages
 from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
 from sim.simulator import simulate
@@ -75,10 +77,17 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--deadline-ms", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="the server's torch threads (default: its own; all cores leaves none to decode "
+        "beside, so it decodes on the executor thread)",
+    )
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port, args.policy)
+    threads = () if args.threads is None else ("--threads", str(args.threads))
+    proc = start_server(port, args.policy, threads)
     try:
         asyncio.run(wait_ready(url, proc))
         records, status = asyncio.run(
@@ -91,12 +100,7 @@ def main() -> None:
     decode_ms = status["decode_ms"] or 0.0
     on_device = status["decode_threads"] == 0
     profiles = [
-        with_entry_cost(
-            scaled_stages(
-                load_profile(profile_path(BUNDLED_PROFILES, m)), status["stage_scales"][m]
-            ),
-            decode_ms if on_device else 0.0,
-        )
+        scaled_stages(load_profile(profile_path(BUNDLED_PROFILES, m)), status["stage_scales"][m])
         for m in DEMO_APPS
     ]
     d = Deployment(profiles, groups=status["layer_groups"])  # the server's G per model
@@ -111,7 +115,14 @@ def main() -> None:
     # the server's door (None in its status: admission off), its share the server's default
     share = None if status["admission_share"] is None else ADMISSION_SHARE
     simulated = summarise(
-        simulate(d, make_policy(args.policy), w, step_gap_ms=gap_ms, admission_share=share)
+        simulate(
+            d,
+            make_policy(args.policy),
+            w,
+            step_gap_ms=gap_ms,
+            admission_share=share,
+            decode_ms=decode_ms if on_device else 0.0,
+        )
     )
     simulated["mean_ms"] += delay_ms
     if simulated["queue_ms_mean"] is not None:

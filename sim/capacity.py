@@ -45,6 +45,7 @@ class Setup:
     step_gap_ms: float = 0.0  # the device's idle time after every step (`simulate`)
     replicas: int = 1  # devices, each with its own queue and plans (`simulate`)
     admission_share: float | None = None  # admission on arrival (`simulate`)
+    decode_ms: float = 0.0  # each admitted request's decode on its device (`simulate`)
 
     def deployment(self) -> Deployment:
         return Deployment(self.profiles, self.apps, self.max_batch, self.groups)
@@ -86,7 +87,7 @@ def run_one(args: tuple[Setup, str, float]) -> dict[str, Any]:
     scheduler = make_policy(policy, exact=setup.exact)
     out = simulate(
         d, scheduler, w, step_gap_ms=setup.step_gap_ms, replicas=setup.replicas,
-        admission_share=setup.admission_share,
+        admission_share=setup.admission_share, decode_ms=setup.decode_ms,
     )  # fmt: skip
     return summarise(out)
 

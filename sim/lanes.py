@@ -10,6 +10,7 @@ solo latency, all at the new factor.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.deployment import Deployment
@@ -24,10 +25,14 @@ class Lane:
     factor: float = 1.0
 
     @classmethod
-    def start(cls, step: Step) -> Lane:
-        starts = (step.start_ms, *step.stage_end_ms[:-1])
-        solo = tuple(e - s for s, e in zip(starts, step.stage_end_ms, strict=True))
-        return cls(step, solo, list(step.stage_end_ms))
+    def start(cls, step: Step, solo_ms: Sequence[float]) -> Lane:
+        """`step` from its start, its stages taking `solo_ms` alone (the device's profile, which
+        may differ from the one the step was planned with)."""
+        ends, t = [], step.start_ms
+        for x in solo_ms:
+            t += x
+            ends.append(t)
+        return cls(step, tuple(solo_ms), ends)
 
     @property
     def end_ms(self) -> float:

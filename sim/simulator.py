@@ -1,25 +1,31 @@
 """Discrete-event simulator: the same scheduler, a profiled executor (DESIGN.md).
 
 Events sit in a heap keyed (time_ms, priority, seq): at equal times a finishing step is handled
-before an arrival, and an arrival before a wake-up; arrivals at the same time are admitted
-together and planned for once (a task of several queries, as the server does for arrivals in one
-loop iteration). The device runs one step (a layer group of the
-first action of the newest plan) at a time, each stage for exactly its profiled latency; the engine
-re-plans at every arrival and after every step. When a plan made on an arrival no longer starts
-with the running step, the step stops at its next stage boundary, as the server's executor does
-at its exit check (`scheduler.engine`). A plan may put an action on a second lane beside the
-running step (stacking); while both lanes run, each is slowed by its profiled stacking slowdown
-(`sim.lanes`). With `step_gap_ms` the device starts no step sooner than that after the last one
-ended: a server's hand-off between steps (its /v1/status `step_gap_ms`), which a request pays at
-every step it waits through. With `replicas` > 1 there are that many such devices, each with its
-own engine over the same deployment and policy, as `layerbatch serve --replicas` runs them: an
-arriving request joins one (`scheduler.dispatch`, the least work left, its work counted until it
-finishes or is dropped) and stays there. With `admission_share`, an arriving request is first
-offered to its replica's queue as the server offers it (`scheduler.admission`) and dropped at
-once when it finds no room (within its deadline, and within `admission_share` of it while the
-queue is overloaded); off by default (bench/results/peers-log.md, session 76: here it only
-cost). Nothing here reads a clock except the optional `timer` used to measure planning time,
-which never changes what is simulated.
+before an arrival, an arrival before a decode's end, and that before a wake-up; arrivals at the
+same time are admitted together and planned for once (a task of several queries, as the server does
+for arrivals in one loop iteration). The device runs one step (a layer group of the first action of
+the newest plan) at a time, each stage for exactly its profiled latency; the engine re-plans at
+every arrival and after every step. When a plan made on an arrival no longer starts with the
+running step, the step stops at its next stage boundary, as the server's executor does at its exit
+check (`scheduler.engine`). A plan may put an action on a second lane beside the running step
+(stacking); while both lanes run, each is slowed by its profiled stacking slowdown (`sim.lanes`).
+With `step_gap_ms` the device starts no step sooner than that after the last one ended: a server's
+hand-off between steps (its /v1/status `step_gap_ms`), which a request pays at every step it waits
+through. With `replicas` > 1 there are that many such devices, each with its own engine over the
+same deployment and policy, as `layerbatch serve --replicas` runs them: an arriving request joins
+one (`scheduler.dispatch`, the least work left, its work counted until it finishes or is dropped)
+and stays there. With `admission_share`, an arriving request is first offered to its replica's
+queue as the server offers it (`scheduler.admission`) and dropped at once when it finds no room
+(within its deadline, and within `admission_share` of it while the queue is overloaded); off by
+default (bench/results/peers-log.md, session 76: here it only cost). With `decode_ms`, each
+admitted request is decoded on its device before it joins the queue, as on a server that decodes on
+its executor thread (`decode_threads` 0), in the thread's order: a request admitted while a step
+runs, or while the device decodes before its next step, is decoded once that step ends, one
+admitted to an idle device at once; the next step waits for the decodes started before it (and not
+for `step_gap_ms` too: they overlap it). A request a plan drops later was still decoded. The plans
+count the decode as the server's do, per sample in each model's first stage (`with_entry_cost`),
+while the device runs that stage in its profiled time. Nothing here reads a clock except the
+optional `timer` used to measure planning time, which never changes what is simulated.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from scheduler.deployment import Deployment
 from scheduler.dispatch import choose_replica
 from scheduler.engine import Dropped, Engine
 from scheduler.policies.common import QUEUE_FULL_AHEAD
+from scheduler.profile import with_entry_cost
 from scheduler.types import Request, Scheduler, Step
 from sim.lanes import Lane, slowdown
 from sim.workload import Workload
 
-STEP_DONE, BESIDE_DONE, ARRIVAL, WAKE = 0, 1, 2, 3
+STEP_DONE, BESIDE_DONE, ARRIVAL, DECODED, WAKE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -69,14 +76,26 @@ def simulate(
     step_gap_ms: float = 0.0,
     replicas: int = 1,
     admission_share: float | None = None,
+    decode_ms: float = 0.0,
 ) -> Outcome:
     """Run `workload` through `policy` on `replicas` simulated devices; see the module
     docstring. With `admission_share`, a request is turned away on arrival as the server turns
-    it away (`scheduler.admission.Admission`, one per replica; None: every request joins)."""
+    it away (`scheduler.admission.Admission`, one per replica; None: every request joins). With
+    `decode_ms`, each admitted request is decoded on its device, taking that long, before it
+    joins the queue (module docstring); `deployment` holds the profiles the device runs."""
     if replicas < 1:
         raise ValueError(f"replicas: expected at least 1, got {replicas}")
-    run = _Run(deployment, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
-    devices = [_Device(i, Engine(deployment, policy, timer), run) for i in range(replicas)]
+    if decode_ms < 0:
+        raise ValueError(f"decode_ms: expected a time of at least 0 ms, got {decode_ms}")
+    plans = deployment
+    if decode_ms > 0:
+        plans = Deployment(
+            [with_entry_cost(p, decode_ms) for p in deployment.profiles.values()],
+            list(deployment.apps.values()), deployment.max_batch_cap, deployment.groups,
+        )  # fmt: skip
+    run = _Run(plans, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
+    run.device, run.decode_ms = deployment, decode_ms
+    devices = [_Device(i, Engine(plans, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):
         rid = f"q{i}"
         run.heap.append((t, ARRIVAL, run.seq, Request(rid, app, 0, t, t + workload.deadline_ms)))
@@ -122,7 +141,9 @@ class _Run:
         replicas: int,
         admission_share: float | None = None,
     ) -> None:
-        self.deployment = deployment
+        self.deployment = deployment  # what the plans count
+        self.device = deployment  # what the devices run
+        self.decode_ms = 0.0  # each admitted request's decode on its device
         self.policy = policy
         self.admission_share = admission_share
         self.step_gap_ms = step_gap_ms
@@ -170,6 +191,9 @@ class _Device:
         self.side_token = 0  # the same for BESIDE_DONE
         self.wake_at: float | None = None
         self.free_at = float("-inf")  # the device starts no step before this (step_gap_ms after)
+        self.undecoded: list[Request] = []  # admitted, waiting for the device to decode them
+        self.decoding = 0  # decodes started and not yet done
+        self.decoded_at = float("-inf")  # when its last decode ended (or ends)
         share = run.admission_share
         self.admission = None if share is None else Admission(share)  # its queue's door
 
@@ -212,15 +236,50 @@ class _Device:
         if step is not None:
             a = step.action
             self.run.note(now, "run", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
-            self.main, self.cut = Lane.start(step), None
+            self.main, self.cut = self.lane(step), None
             self.started(step)
             self.token += 1
-            self.push(step.end_ms, STEP_DONE, (self.token, len(step.stage_end_ms)))
+            self.push(self.main.end_ms, STEP_DONE, (self.token, len(step.stage_end_ms)))
             self.retime(now)
         elif wake is not None and wake != self.wake_at:
             self.wake_at = wake
             self.push(wake, WAKE, None)
+        if step is None:
+            self.decode(now)  # nothing to run: the waiting decodes go first
         self.try_beside(now)
+
+    def lane(self, step: Step) -> Lane:
+        """`step` on this device: its stages at the device's profiled latencies."""
+        a, device = step.action, self.run.device
+        return Lane.start(
+            step, [device.latency_ms(a.model, k, a.batch_size) for k in range(*a.stages)]
+        )
+
+    def decode(self, now: float) -> None:
+        """Decode the admitted requests waiting for it, one after another from `now` (no step
+        runs): each joins the queue when its decode ends (a DECODED event), and the next step
+        waits for them all."""
+        if not self.undecoded:
+            return
+        t, each = max(now, self.decoded_at), self.run.decode_ms
+        for r in self.undecoded:
+            t += each
+            self.push(t, DECODED, r)
+        self.decoding += len(self.undecoded)
+        self.out.busy_ms += len(self.undecoded) * each
+        self.undecoded.clear()
+        self.decoded_at = t
+        self.free_at = max(self.free_at, t)
+
+    def joined(self, now: float) -> None:
+        """Requests joined the queue: re-plan, then start, preempt or stack as the plan says."""
+        self.record_drops(self.engine.replan(now))
+        if self.engine.running is None:
+            self.try_start(now)
+        else:
+            if self.engine.wants_preemption():
+                self.preempt(now)
+            self.try_beside(now)
 
     def try_beside(self, now: float) -> None:
         step = self.engine.next_beside(now)
@@ -228,10 +287,10 @@ class _Device:
             return
         a = step.action
         self.run.note(now, "stack", f"{a.model}[{a.stages[0]}:{a.stages[1]}] x{a.batch_size}")
-        self.side = Lane.start(step)
+        self.side = self.lane(step)
         self.started(step)
         self.side_token += 1
-        self.push(step.end_ms, BESIDE_DONE, (self.side_token, len(step.stage_end_ms)))
+        self.push(self.side.end_ms, BESIDE_DONE, (self.side_token, len(step.stage_end_ms)))
         self.retime(now)
 
     def preempt(self, now: float) -> None:
@@ -273,21 +332,20 @@ class _Device:
         run = self.run
         for r in requests:
             run.note(now, "arrive", r.id)
-            door = self.admission
-            if door is not None and door.turns_away(self.engine.state, run.policy, r, now):
+            door, ahead = self.admission, len(self.undecoded) + self.decoding
+            if door is not None and door.turns_away(self.engine.state, run.policy, r, now, ahead):
                 self.record_drops([Dropped(r, QUEUE_FULL_AHEAD, now)])
+            elif run.decode_ms > 0:
+                self.undecoded.append(r)  # decoded when no step runs, then it joins the queue
             else:
                 self.engine.add(r)
-        self.record_drops(self.engine.replan(now))
-        if self.engine.running is None:
-            self.try_start(now)
-        else:
-            if self.engine.wants_preemption():
-                self.preempt(now)
-            self.try_beside(now)
+        if run.decode_ms == 0:
+            self.joined(now)
+        elif self.main is None and now >= self.free_at and not self.decoding:
+            self.decode(now)  # an idle device decodes at once
 
     def handle(self, now: float, kind: int, event: object) -> None:
-        """A STEP_DONE, BESIDE_DONE or WAKE event of this device."""
+        """A STEP_DONE, BESIDE_DONE, DECODED or WAKE event of this device."""
         if kind == STEP_DONE:
             assert isinstance(event, tuple)
             live, done = event
@@ -305,6 +363,7 @@ class _Device:
             if self.run.step_gap_ms > 0:
                 self.free_at = now + self.run.step_gap_ms
                 self.push(self.free_at, WAKE, None)
+            self.decode(now)
             self.try_start(now)
         elif kind == BESIDE_DONE:
             assert isinstance(event, tuple)
@@ -326,6 +385,12 @@ class _Device:
                 if self.engine.wants_preemption():
                     self.preempt(now)
                 self.try_beside(now)
+        elif kind == DECODED:
+            assert isinstance(event, Request)
+            self.decoding -= 1
+            self.run.note(now, "decoded", event.id)
+            self.engine.add(event)
+            self.joined(now)
         elif self.engine.running is None:
             self.out.end_ms = now
             self.wake_at = None

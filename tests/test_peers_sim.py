@@ -11,6 +11,7 @@ import pytest
 from bench.peers_arrivals import AZURE_TRACE, arrivals_for
 from bench.peers_crossing import THRESHOLD
 from bench.peers_sim import (
+    DECODE_MS,
     START,
     STEP,
     admission_share,
@@ -40,22 +41,23 @@ def test_the_workload_is_exactly_what_the_benchmark_sends(trace: np.ndarray) -> 
         assert set(w.apps) == {"resnet18"} and w.deadline_ms == 300.0
 
 
-def test_each_request_pays_its_decode_once_on_the_first_stage() -> None:
-    plain, decoded = deployment("resnet18", 0.0, 8), deployment("resnet18", 2.0, 8)
-    p, q = plain.profiles["resnet18"], decoded.profiles["resnet18"]
-    for b_index, b in enumerate(p.batch_sizes):
-        assert q.stages[0].latency_ms[b_index] == pytest.approx(
-            p.stages[0].latency_ms[b_index] + 2.0 * b
-        )
-    assert q.stages[1:] == p.stages[1:]
-    assert decoded.batch_limit("resnet18") == 8
-    assert 1000.0 / profile_bound_rps(decoded) == pytest.approx(
-        1000.0 / profile_bound_rps(plain) + 2.0
+def test_each_request_pays_its_decode_on_the_device_before_the_next_step(
+    trace: np.ndarray,
+) -> None:
+    d = deployment("resnet18", 8)
+    assert d.batch_limit("resnet18") == 8
+    assert 1000.0 / profile_bound_rps(d, 2.0) == pytest.approx(
+        1000.0 / profile_bound_rps(d, 0.0) + 2.0
     )
+    on_time = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, ("dp-tardy",), max_rates=3)
+    rate = START["azure"] * profile_bound_rps(d, DECODE_MS)  # the sweep's first rate
+    w = workload("resnet18", "azure", rate, 300.0, 100, 1, trace)
+    run = simulate(d, make_policy("dp-tardy"), w, admission_share=2 / 3, decode_ms=DECODE_MS)
+    assert on_time["dp-tardy"][round(rate, 2)] == summarise(run)["on_time_ratio"]
 
 
 def test_the_sweep_grows_the_rate_until_every_policy_misses_twice(trace: np.ndarray) -> None:
-    d = deployment("resnet18", 2.0, 8)
+    d = deployment("resnet18", 8)
     on_time = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, ("dp-tardy", "dynamic"))
     rates = sorted(on_time["dp-tardy"])
     assert rates == sorted(on_time["dynamic"])
@@ -82,7 +84,7 @@ def test_rows_and_gain_compare_dp_tardy_with_the_best_other_policy() -> None:
 
 
 def test_only_dp_tardy_keeps_the_servers_door(trace: np.ndarray) -> None:
-    d = deployment("resnet18", 2.0, 8)
+    d = deployment("resnet18", 8)
     policies = ("dp-tardy", "dynamic")
     door = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, policies, admission_share=2 / 3)
     open_ = sweep(d, "resnet18", "azure", 300.0, 100, 1, trace, policies, admission_share=None)
@@ -90,11 +92,16 @@ def test_only_dp_tardy_keeps_the_servers_door(trace: np.ndarray) -> None:
     assert len(common) > 10
     for rate in common:  # the peers' batchers turn nobody away
         assert door["dynamic"][rate] == open_["dynamic"][rate]
-    turned_away, rate = 0, START["azure"] * profile_bound_rps(d)  # the sweep's rates, unrounded
+    turned_away, rate = (
+        0,
+        START["azure"] * profile_bound_rps(d, DECODE_MS),
+    )  # the sweep's rates, unrounded
     for key, on_time in door["dp-tardy"].items():
         assert key == round(rate, 2)
         w = workload("resnet18", "azure", rate, 300.0, 100, 1, trace)
-        run = summarise(simulate(d, make_policy("dp-tardy"), w, admission_share=2 / 3))
+        run = summarise(
+            simulate(d, make_policy("dp-tardy"), w, admission_share=2 / 3, decode_ms=DECODE_MS)
+        )
         assert on_time == run["on_time_ratio"]
         turned_away += run["turned_away"]
         rate *= STEP
