@@ -4,11 +4,12 @@ arrivals bench/peers.py sends (issue 9).
 bench/peers.py compares servers that differ in everything at once: how they schedule, but also how
 fast they run a batch, what else runs beside torch on the two cores, and the machine's speed as it
 drifts. This takes the first apart. The simulator runs each policy on the same shipped CPU profile
-(`MODEL-cpu`, what layerbatch's server plans with), every admitted request costing `--decode-ms` of
-device time before the device's next step (the servers decode on the cores torch uses; this is how
-layerbatch's server with 2 replicas on 2 cores decodes, `simulate(decode_ms=...)`, its plans
-counting the decode in the first stage), batches of at most `--max-batch`, with
-the arrivals of bench/peers.py: Poisson (`--requests` of them, seeded as there) or the Azure code
+(`MODEL-cpu`, what layerbatch's server plans with; `--time-scale` multiplies it), on one device
+or `--replicas` of them (a request joining the one with the least work left), every admitted
+request costing `--decode-ms` of device time before the device's next step (the servers decode on
+the cores torch uses; this is how layerbatch's server with 2 replicas on 2 cores decodes,
+`simulate(decode_ms=...)`, its plans counting the decode in the first stage), batches of at most
+`--max-batch`, with the arrivals of bench/peers.py: Poisson (`--requests` of them, seeded as there) or the Azure code
 trace's first `--trace-requests` arrivals rescaled to the rate. dp-tardy (layerbatch's default)
 runs against whole-model batching: `dynamic` (Triton's and Ray Serve's batchers with no delay:
 whenever the device is free, the oldest waiting requests, up to B, through the whole model),
@@ -19,8 +20,8 @@ better plan. dp-tardy keeps the server's door (`scheduler.admission`: a request 
 within its deadline, or within `--admission-share` of it while its queue is overloaded, is turned
 away on arrival); the peers' batchers turn nobody away, as the peers do not.
 
-Rates grow geometrically (x1.1) from a fraction of the compute bound (1000 / (decode + batch-1
-latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
+Rates grow geometrically (x1.1) from a fraction of the compute bound (replicas x 1000 / (decode +
+batch-1 latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
 bench/peers.py. Runs in the project's venv, about 3 minutes for everything:
 
     .venv/bin/python bench/peers_sim.py [--models resnet18] [--arrivals azure] [--deadlines 300]
@@ -47,6 +48,7 @@ from bench.peers_settings import MODELS
 from bench.peers_table import plot
 from scheduler import Deployment, load_profile, make_policy
 from scheduler.admission import ADMISSION_SHARE
+from scheduler.profile import scaled
 from scheduler.types import App
 from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
@@ -60,9 +62,9 @@ START = {"poisson": 0.3, "azure": 0.05}  # the first rate, as a fraction of the 
 DECODE_MS = 2.0  # what the server measures for the benchmark's JPEGs here (decode_ms, 1.8-2.6 ms)
 
 
-def deployment(model: str, max_batch: int) -> Deployment:
-    """`model` alone on its shipped CPU profile."""
-    profile = load_profile(profile_path(BUNDLED_PROFILES, model))
+def deployment(model: str, max_batch: int, time_scale: float = 1.0) -> Deployment:
+    """`model` alone on its shipped CPU profile, every latency times `time_scale`."""
+    profile = scaled(load_profile(profile_path(BUNDLED_PROFILES, model)), time_scale)
     return Deployment([profile], [App(model, (profile.model,))], max_batch)
 
 
@@ -93,12 +95,13 @@ def sweep(
     max_rates: int = 80,
     admission_share: float | None = ADMISSION_SHARE,
     decode_ms: float = DECODE_MS,
+    replicas: int = 1,
 ) -> dict[str, dict[float, float]]:
-    """Each policy's on-time ratio by rate, over the grid in the module docstring, each
-    admitted request's decode costing the device `decode_ms`, behind the server's door at
-    `admission_share` (None: every request joins), which judges only the policies that drop
-    late requests (`DROPS_LATE`: dp-tardy) and lets the rest through."""
-    rate = START[arrival] * profile_bound_rps(d, decode_ms)
+    """Each policy's on-time ratio by rate, over the grid in the module docstring, on
+    `replicas` devices, each admitted request's decode costing its device `decode_ms`, behind
+    the server's door at `admission_share` (None: every request joins), which judges only the
+    policies that drop late requests (`DROPS_LATE`: dp-tardy) and lets the rest through."""
+    rate = START[arrival] * replicas * profile_bound_rps(d, decode_ms)
     out: dict[str, dict[float, float]] = {p: {} for p in policies}
     below = 0
     for _ in range(max_rates):
@@ -106,8 +109,9 @@ def sweep(
         key = round(rate, 2)
         for p in policies:
             run = simulate(
-                d, make_policy(p), w, admission_share=admission_share, decode_ms=decode_ms
-            )
+                d, make_policy(p), w, admission_share=admission_share, decode_ms=decode_ms,
+                replicas=replicas,
+            )  # fmt: skip
             out[p][key] = float(summarise(run)["on_time_ratio"])
         below = below + 1 if all(out[p][key] < THRESHOLD for p in policies) else 0
         if below == 2:
@@ -169,6 +173,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--decode-ms", type=float, default=DECODE_MS, help="device time per request, at least 0"
     )
     ap.add_argument("--max-batch", type=int, default=8, help="every policy's largest batch")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="devices for every policy, a request joining the one with the least work left "
+        "(layerbatch's --replicas, the peers' workers; default 1)",
+    )
+    ap.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="every profiled latency times this (a one-thread replica here runs 1.4-1.95x the "
+        "shipped two-thread profile, peers-log session 42; default 1)",
+    )
     ap.add_argument("--requests", type=int, default=1000, help="Poisson requests per rate")
     ap.add_argument("--trace-requests", type=int, default=200, help="trace arrivals per rate")
     ap.add_argument(
@@ -183,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = ap.parse_args(argv)
     if not a.decode_ms >= 0:
         raise SystemExit(f"--decode-ms: expected a time of at least 0 ms, got {a.decode_ms:g}")
+    if a.replicas < 1:
+        raise SystemExit(f"--replicas: expected at least 1 device, got {a.replicas}")
+    if not 0 < a.time_scale < float("inf"):
+        raise SystemExit(f"--time-scale: expected a positive factor, got {a.time_scale:g}")
     arrivals = a.arrivals.split(",")
     for arrival in arrivals:
         if arrival not in START:
@@ -198,14 +220,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     columns = "".join(f"{p:>10}" for p in POLICIES)
     print(f"{'model':<14}{'deadline':>9} {'arrivals':<9}{columns}{'dp-tardy / best':>17}")
     for model in models:
-        d = deployment(model, a.max_batch)
-        bounds[model] = profile_bound_rps(d, a.decode_ms)
+        d = deployment(model, a.max_batch, a.time_scale)
+        bounds[model] = a.replicas * profile_bound_rps(d, a.decode_ms)
         for deadline in (float(x) for x in a.deadlines.split(",")):
             for arrival in arrivals:
                 n = a.requests if arrival == "poisson" else a.trace_requests
                 on_time = sweep(
                     d, model, arrival, deadline, n, a.seed, trace,
                     admission_share=a.admission_share, decode_ms=a.decode_ms,
+                    replicas=a.replicas,
                 )  # fmt: skip
                 these = results(model, arrival, deadline, on_time)
                 rows += these
@@ -221,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
     print(
         f"req/s where the on-time ratio crosses {THRESHOLD} (simulated, {a.decode_ms:g} ms "
-        f"decode a request, batches of at most {a.max_batch}; dp-tardy's admission "
+        f"decode a request, batches of at most {a.max_batch}, {a.replicas} device(s) at "
+        f"x{a.time_scale:g} the profile; dp-tardy's admission "
         f"{'off' if a.admission_share is None else f'share {a.admission_share:.3g}'})"
     )
     out = Path(a.out)

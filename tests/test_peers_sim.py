@@ -17,6 +17,7 @@ from bench.peers_sim import (
     admission_share,
     deployment,
     gain,
+    main,
     profile_bound_rps,
     results,
     sweep,
@@ -114,3 +115,30 @@ def test_admission_share_takes_off_or_a_share_of_the_deadline() -> None:
     for bad in ("0", "1.5", "-0.2", "nan", "half"):
         with pytest.raises(argparse.ArgumentTypeError, match="off or a share"):
             admission_share(bad)
+
+
+def test_replicas_and_a_time_scale_give_the_servers_shape(trace: np.ndarray) -> None:
+    one, slow = deployment("resnet18", 8), deployment("resnet18", 8, 1.8)
+    assert 1000.0 / profile_bound_rps(slow, 0.0) == pytest.approx(
+        1.8 * 1000.0 / profile_bound_rps(one, 0.0)
+    )
+    on_time = sweep(slow, "resnet18", "azure", 300.0, 100, 1, trace, ("dp-tardy",), 2, replicas=2)
+    rate = START["azure"] * 2 * profile_bound_rps(slow, DECODE_MS)  # the sweep's first rate
+    w = workload("resnet18", "azure", rate, 300.0, 100, 1, trace)
+    run = simulate(
+        slow, make_policy("dp-tardy"), w, admission_share=2 / 3, decode_ms=DECODE_MS, replicas=2
+    )
+    assert on_time["dp-tardy"][round(rate, 2)] == summarise(run)["on_time_ratio"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--replicas", "0", "--replicas: expected at least 1 device, got 0"),
+        ("--time-scale", "0", "--time-scale: expected a positive factor, got 0"),
+        ("--decode-ms", "-1", "--decode-ms: expected a time of at least 0 ms, got -1"),
+    ],
+)
+def test_bad_flags_are_named(flag: str, value: str, message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main([flag, value])
