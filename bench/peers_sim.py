@@ -4,25 +4,25 @@ arrivals bench/peers.py sends (issue 9).
 bench/peers.py compares servers that differ in everything at once: how they schedule, but also how
 fast they run a batch, what else runs beside torch on the two cores, and the machine's speed as it
 drifts. This takes the first apart. The simulator runs each policy on the same shipped CPU profile
-(`MODEL-cpu`, what layerbatch's server plans with; `--time-scale` multiplies it), on one device
-or `--replicas` of them (a request joining the one with the least work left), every admitted
-request costing `--decode-ms` of device time before the device's next step (the servers decode on
-the cores torch uses; this is how layerbatch's server with 2 replicas on 2 cores decodes,
+(`MODEL-cpu`, what layerbatch's server plans with; `--time-scale` multiplies it), on one device or
+`--replicas` of them (a request joining the one with the least work left), every admitted request
+costing `--decode-ms` of device time before the device's next step (the servers decode on the cores
+torch uses; this is how layerbatch's server with 2 replicas on 2 cores decodes,
 `simulate(decode_ms=...)`, its plans counting the decode in the first stage), batches of at most
-`--max-batch`, with the arrivals of bench/peers.py: Poisson (`--requests` of them, seeded as there) or the Azure code
-trace's first `--trace-requests` arrivals rescaled to the rate. dp-tardy (layerbatch's default)
-runs against whole-model batching: `dynamic` (Triton's and Ray Serve's batchers with no delay:
-whenever the device is free, the oldest waiting requests, up to B, through the whole model),
-`nexus` and `tfs` (batches that wait as long as the deadline allows). Every policy's batches take
-exactly their profiled time, so dp-tardy's crossing of 0.9 over the best other's is the gain of
-the scheduling alone: where it is below 1.3x, the issue's target needs a faster batch, not a
-better plan. dp-tardy keeps the server's door (`scheduler.admission`: a request with no room
-within its deadline, or within `--admission-share` of it while its queue is overloaded, is turned
-away on arrival); the peers' batchers turn nobody away, as the peers do not.
+`--max-batch`, with the arrivals of bench/peers.py: Poisson (`--requests` of them, seeded as there)
+or the Azure code trace's first `--trace-requests` arrivals rescaled to the rate. dp-tardy
+(layerbatch's default) runs against whole-model batching: `dynamic` (Triton's and Ray Serve's
+batchers with no delay: whenever the device is free, the oldest waiting requests, up to B, through
+the whole model), `nexus` and `tfs` (batches that wait as long as the deadline allows). Every
+policy's batches take exactly their profiled time, so dp-tardy's crossing of 0.9 over the best
+other's is the gain of the scheduling alone: where it is below 1.3x, the issue's target needs a
+faster batch, not a better plan. dp-tardy keeps the server's door (`scheduler.admission`: a request
+with no room within its deadline, or within `--admission-share` of it while its queue is
+overloaded, is turned away on arrival); the peers' batchers turn nobody away, as the peers do not.
 
 Rates grow geometrically (x1.1) from a fraction of the compute bound (replicas x 1000 / (decode +
-batch-1 latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated as in
-bench/peers.py. Runs in the project's venv, about 3 minutes for everything:
+batch-1 latency)) until every policy is below 0.9 at two rates in a row; crossings are interpolated
+as in bench/peers.py. Runs in the project's venv, about 3 minutes for everything:
 
     .venv/bin/python bench/peers_sim.py [--models resnet18] [--arrivals azure] [--deadlines 300]
 

@@ -3,19 +3,19 @@ within 5 percentage points, mean completion within 15%).
 
 One run: `layerbatch serve` in a child process on loopback, driven by the built-in load generator
 (real video frames as JPEG) at Poisson arrivals; then the simulator replays exactly those arrivals
-(times and apps) with the same policy, deadline and the profiles the server plans with: each
-stage rescaled by the factor it measured between its steps' real and profiled times
-(`stage_scales`), and its measured decode time (`decode_ms`): as device time each admitted
-request costs before the next step when it decodes on the executor thread (`simulate(decode_ms=
-...)`, the plans counting it in each model's first stage as the server's do), else as a delay
-before a request reaches the
+(times and apps) with the same policy, deadline and the profiles the server plans with: each stage
+rescaled by the factor it measured between its steps' real and profiled times (`stage_scales`), and
+its measured decode time (`decode_ms`): as device time each admitted request costs before the next
+step when it decodes on the executor thread (`simulate(decode_ms=...)`, the plans counting it in
+each model's first stage as the server's do), else as a delay before a request reaches the
 scheduler (the simulator's requests arrive that much later with that much less time to their
-deadline, and it is added back to their completion times); and its measured hand-off between
-two steps (`step_gap_ms`), which the simulated device waits after every step.
-Prints both sides, the differences, and where the server's served requests spent their time
-(from the timings in its answers).
+deadline, and it is added back to their completion times); and its measured hand-off between two
+steps (`step_gap_ms`), which the simulated device waits after every step. Prints both sides, the
+differences, and where the server's served requests spent their time (from the timings in its
+answers).
 
-    .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30] [--threads 2]
+    .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30] \
+        [--threads 2]
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def simulate(
             list(deployment.apps.values()), deployment.max_batch_cap, deployment.groups,
         )  # fmt: skip
     run = _Run(plans, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
-    run.device, run.decode_ms = deployment, decode_ms
+    run.device, run.decode_ms = deployment, decode_ms  # the device's own times
     devices = [_Device(i, Engine(plans, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):
         rid = f"q{i}"
@@ -128,8 +128,9 @@ def simulate(
 
 
 class _Run:
-    """What the devices of one run share: the event heap, the outcome, the requests' times and
-    the work each replica holds (`scheduler.dispatch`)."""
+    """What the devices of one run share: the event heap, the outcome, the requests' times,
+    the work each replica holds (`scheduler.dispatch`), what the plans count (`deployment`) and
+    what the devices run (`device`, and `decode_ms` a request)."""
 
     def __init__(
         self,
