@@ -12,10 +12,11 @@ scheduler (the simulator's requests arrive that much later with that much less t
 deadline, and it is added back to their completion times); and its measured hand-off between two
 steps (`step_gap_ms`), which the simulated device waits after every step. Prints both sides, the
 differences, and where the server's served requests spent their time (from the timings in its
-answers).
+answers). With `--replicas R` the server runs R runtimes and the simulator R devices, on the mean
+of the replicas' calibrations.
 
     .venv/bin/python bench/server_vs_sim.py [--policy dp-tardy] [--rate 25] [--duration 30] \
-        [--threads 2]
+        [--threads 2] [--replicas 2 --threads 1]
 """
 
 from __future__ import annotations
@@ -70,6 +71,30 @@ def step_ratio_mean(metrics: str) -> float | None:
     return values["sum"] / values["count"] if values.get("count") else None
 
 
+def calibration(status: dict[str, Any]) -> dict[str, Any]:
+    """What the simulator takes from the server's /v1/status: its stage factors, decode time,
+    hand-off between steps, time scale and door; with replicas, their mean over the replicas
+    (the simulator runs one profile on every replica), and how many there are."""
+    docs = status.get("replicas") or [status]
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    scales = {
+        m: [sum(d["stage_scales"][m][k] for d in docs) / len(docs) for k in range(len(fs))]
+        for m, fs in docs[0]["stage_scales"].items()
+    }
+    return {
+        "stage_scales": scales,
+        "decode_ms": mean([d["decode_ms"] for d in docs]),
+        "step_gap_ms": mean([d["step_gap_ms"] for d in docs]),
+        "time_scale": mean([d["time_scale"] for d in docs]),
+        "admission_share": docs[0]["admission_share"],
+        "replicas": len(docs),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy", default="dp-tardy")
@@ -83,11 +108,18 @@ def main() -> None:
         help="the server's torch threads (default: its own; all cores leaves none to decode "
         "beside, so it decodes on the executor thread)",
     )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="the server's --replicas, simulated as that many devices (default 1)",
+    )
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    threads = () if args.threads is None else ("--threads", str(args.threads))
-    proc = start_server(port, args.policy, threads)
+    extra = ["--replicas", str(args.replicas)]
+    extra += [] if args.threads is None else ["--threads", str(args.threads)]
+    proc = start_server(port, args.policy, extra)
     try:
         asyncio.run(wait_ready(url, proc))
         records, status = asyncio.run(
@@ -97,10 +129,11 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     real = summary(records, args.duration)
-    decode_ms = status["decode_ms"] or 0.0
+    cal = calibration(status)
+    decode_ms = cal["decode_ms"] or 0.0
     on_device = status["decode_threads"] == 0
     profiles = [
-        scaled_stages(load_profile(profile_path(BUNDLED_PROFILES, m)), status["stage_scales"][m])
+        scaled_stages(load_profile(profile_path(BUNDLED_PROFILES, m)), cal["stage_scales"][m])
         for m in DEMO_APPS
     ]
     d = Deployment(profiles, groups=status["layer_groups"])  # the server's G per model
@@ -111,9 +144,9 @@ def main() -> None:
         args.deadline_ms - delay_ms,
         args.rate,
     )
-    gap_ms = status["step_gap_ms"] or 0.0
+    gap_ms = cal["step_gap_ms"] or 0.0
     # the server's door (None in its status: admission off), its share the server's default
-    share = None if status["admission_share"] is None else ADMISSION_SHARE
+    share = None if cal["admission_share"] is None else ADMISSION_SHARE
     simulated = summarise(
         simulate(
             d,
@@ -122,6 +155,7 @@ def main() -> None:
             step_gap_ms=gap_ms,
             admission_share=share,
             decode_ms=decode_ms if on_device else 0.0,
+            replicas=cal["replicas"],
         )
     )
     simulated["mean_ms"] += delay_ms
@@ -129,7 +163,8 @@ def main() -> None:
         simulated["queue_ms_mean"] += delay_ms  # the server's queue counts from reception
     print(
         f"{args.policy}, {len(records)} requests at {args.rate:g} req/s, deadline {args.deadline_ms:g} ms; "
-        f"profiles x{status['time_scale']:.2f} on average (the server's stage_scales), "
+        f"{cal['replicas']} replica(s), profiles x{cal['time_scale']:.2f} on average (the "
+        "server's stage_scales), "
         f"decode {decode_ms:.1f} ms a sample ({'device time' if on_device else 'beside, a delay'}), "
         f"{gap_ms:.2f} ms between steps, admission "
         f"{'off' if share is None else f'within {share:.3g} of the deadline while overloaded'}"
