@@ -1,6 +1,7 @@
-"""Decodes on the device in the simulator (`simulate(decode_ms=...)`): each admitted request's
-decode runs before the device's next step, as on a server that decodes on its executor thread;
-the plans count it in the first stage, the device runs that stage in its own time."""
+"""Decodes on the device in the simulator (`simulate(decode_ms=...)`): each admitted request is
+decoded on its device, between steps, before it joins the queue, as on a server that decodes on
+its executor thread; the plans count it in the first stage, the device runs that stage in its own
+time."""
 
 from __future__ import annotations
 
