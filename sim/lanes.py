@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from scheduler.deployment import Deployment
 from scheduler.types import Step
@@ -28,10 +29,7 @@ class Lane:
     def start(cls, step: Step, solo_ms: Sequence[float]) -> Lane:
         """`step` from its start, its stages taking `solo_ms` alone (the device's profile, which
         may differ from the one the step was planned with)."""
-        ends, t = [], step.start_ms
-        for x in solo_ms:
-            t += x
-            ends.append(t)
+        ends = list(accumulate(solo_ms, initial=step.start_ms))[1:]
         return cls(step, tuple(solo_ms), ends)
 
     @property

@@ -93,8 +93,8 @@ def simulate(
             [with_entry_cost(p, decode_ms) for p in deployment.profiles.values()],
             list(deployment.apps.values()), deployment.max_batch_cap, deployment.groups,
         )  # fmt: skip
-    run = _Run(plans, workload, keep_log, step_gap_ms, policy.name, replicas, admission_share)
-    run.device, run.decode_ms = deployment, decode_ms  # the device's own times
+    run = _Run(plans, deployment, decode_ms, workload, keep_log, step_gap_ms, policy.name,
+               replicas, admission_share)  # fmt: skip
     devices = [_Device(i, Engine(plans, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):
         rid = f"q{i}"
@@ -135,6 +135,8 @@ class _Run:
     def __init__(
         self,
         deployment: Deployment,
+        device: Deployment,
+        decode_ms: float,
         workload: Workload,
         keep_log: bool,
         step_gap_ms: float,
@@ -143,8 +145,8 @@ class _Run:
         admission_share: float | None = None,
     ) -> None:
         self.deployment = deployment  # what the plans count
-        self.device = deployment  # what the devices run
-        self.decode_ms = 0.0  # each admitted request's decode on its device
+        self.device = device  # what the devices run
+        self.decode_ms = decode_ms  # each admitted request's decode on its device
         self.policy = policy
         self.admission_share = admission_share
         self.step_gap_ms = step_gap_ms

@@ -70,6 +70,31 @@ def write_json(path: Path, doc: object) -> Path:
     return path
 
 
+def googlenet_sim_args(rate_rps: float) -> list[str]:
+    """`layerbatch sim` on the V100 googlenet profile under dp-tardy at `rate_rps`: 300 Poisson
+    requests, 150 ms deadline, seed 3, JSON out."""
+    args = ["sim", "--profile", "googlenet-v3-pytorch-V100", "--policy", "dp-tardy", "--rate"]
+    return args + [
+        f"{rate_rps:g}",
+        "--requests",
+        "300",
+        "--deadline-ms",
+        "150",
+        "--seed",
+        "3",
+        "--json",
+    ]
+
+
+def cli_json(capsys: Any, args: Sequence[str]) -> dict[str, Any]:
+    """`layerbatch ARGS` run in-process: it exits 0; its JSON output, parsed."""
+    import layerbatch
+
+    assert layerbatch.main(list(args)) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
 def read_profile_doc(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -16,7 +14,7 @@ from scheduler.profile import load_profile, parse_profile
 from sim.metrics import summarise
 from sim.simulator import simulate
 from sim.workload import Workload, make_workload
-from tests.sim_cases import GOOGLENET, GOOGLENET_V100, profile_doc
+from tests.sim_cases import GOOGLENET, GOOGLENET_V100, cli_json, googlenet_sim_args, profile_doc
 
 # One model "m", two stages in one group: a request costs 30 ms alone, 34 ms in a pair (17 ms a
 # sample, its tail), and a batch of up to 2.
@@ -90,12 +88,9 @@ def test_under_overload_the_newest_are_turned_away_and_none_is_lost(
 
 
 def test_sim_cli_admission_share(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["sim", "--profile", "googlenet-v3-pytorch-V100", "--policy", "dp-tardy", "--rate"]
-    args += ["1000", "--requests", "300", "--deadline-ms", "150", "--seed", "3", "--json"]
-    assert layerbatch.main(args) == 0
-    plain = json.loads(capsys.readouterr().out)
-    assert layerbatch.main([*args, "--admission-share", "0.5"]) == 0
-    admitted = json.loads(capsys.readouterr().out)
+    args = googlenet_sim_args(1000)
+    plain = cli_json(capsys, args)
+    admitted = cli_json(capsys, [*args, "--admission-share", "0.5"])
     assert plain["turned_away"] == 0 < admitted["turned_away"] <= admitted["dropped"]
     for bad in ("0", "1.5", "half"):
         assert layerbatch.main([*args, "--admission-share", bad]) == 2

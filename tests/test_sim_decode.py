@@ -5,8 +5,6 @@ time."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -17,7 +15,7 @@ from scheduler.profile import load_profile, parse_profile
 from sim.metrics import summarise
 from sim.simulator import simulate
 from sim.workload import Workload, make_workload
-from tests.sim_cases import GOOGLENET, GOOGLENET_V100, profile_doc
+from tests.sim_cases import GOOGLENET, GOOGLENET_V100, cli_json, googlenet_sim_args, profile_doc
 
 # One model "m", two stages, one per group: 10 ms and 20 ms alone, 12 ms and 22 ms for two.
 TINY = profile_doc([[10.0, 12.0], [20.0, 22.0]], batch_sizes=(1, 2), max_batch=4)
@@ -113,12 +111,9 @@ def test_a_negative_decode_time_is_refused(tiny: Deployment) -> None:
 
 
 def test_sim_and_capacity_cli_take_the_decode(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["sim", "--profile", "googlenet-v3-pytorch-V100", "--policy", "dp-tardy", "--rate"]
-    args += ["200", "--requests", "300", "--deadline-ms", "150", "--seed", "3", "--json"]
-    assert layerbatch.main(args) == 0
-    free = json.loads(capsys.readouterr().out)
-    assert layerbatch.main([*args, "--decode-ms", "1.5"]) == 0
-    paid = json.loads(capsys.readouterr().out)
+    args = googlenet_sim_args(200)
+    free = cli_json(capsys, args)
+    paid = cli_json(capsys, [*args, "--decode-ms", "1.5"])
     assert paid["utilisation"] > free["utilisation"]
     assert paid["mean_ms"] > free["mean_ms"]
     for bad in ("-1", "nan", "two"):
@@ -127,9 +122,7 @@ def test_sim_and_capacity_cli_take_the_decode(capsys: pytest.CaptureFixture[str]
         assert "--decode-ms" in err and "a finite number >= 0" in err
     cap = ["sim", "capacity", "--profile", "googlenet-v3-pytorch-V100", "--policies", "dp-tardy"]
     cap += ["--rates", "100,200,300,400", "--requests", "300", "--deadline-ms", "150", "--json"]
-    assert layerbatch.main(cap) == 0
-    free_cap = json.loads(capsys.readouterr().out)
-    assert layerbatch.main([*cap, "--decode-ms", "2"]) == 0
-    paid_cap = json.loads(capsys.readouterr().out)
+    free_cap = cli_json(capsys, cap)
+    paid_cap = cli_json(capsys, [*cap, "--decode-ms", "2"])
     # 2 ms a request beside googlenet's few ms a sample on a V100: a far lower capacity
     assert paid_cap["capacity_rps"]["dp-tardy"] < free_cap["capacity_rps"]["dp-tardy"]
