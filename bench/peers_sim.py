@@ -3,8 +3,9 @@ arrivals bench/peers.py sends (issue 9).
 
 bench/peers.py compares servers that differ in everything at once: how they schedule, but also how
 fast they run a batch, what else runs beside torch on the two cores, and the machine's speed as it
-drifts. This takes the first apart. The simulator runs each policy on the same shipped CPU profile
-(`MODEL-cpu`, what layerbatch's server plans with; `--time-scale` multiplies it), on one device or
+drifts. This takes the first apart. The simulator runs each policy on the same CPU profile
+(`MODEL-cpu`: the shipped two-thread one, what layerbatch's server plans with, or those in
+`--profiles`; `--time-scale` multiplies it), on one device or
 `--replicas` of them (a request joining the one with the least work left), every admitted request
 costing `--decode-ms` of device time before the device's next step (the servers decode on the cores
 torch uses; this is how layerbatch's server with 2 replicas on 2 cores decodes,
@@ -62,9 +63,12 @@ START = {"poisson": 0.3, "azure": 0.05}  # the first rate, as a fraction of the 
 DECODE_MS = 2.0  # what the server measures for the benchmark's JPEGs here (decode_ms, 1.8-2.6 ms)
 
 
-def deployment(model: str, max_batch: int, time_scale: float = 1.0) -> Deployment:
-    """`model` alone on its shipped CPU profile, every latency times `time_scale`."""
-    profile = scaled(load_profile(profile_path(BUNDLED_PROFILES, model)), time_scale)
+def deployment(
+    model: str, max_batch: int, time_scale: float = 1.0, profiles: Path = BUNDLED_PROFILES
+) -> Deployment:
+    """`model` alone on its CPU profile in `profiles` (the shipped one by default), every
+    latency times `time_scale`."""
+    profile = scaled(load_profile(profile_path(profiles, model)), time_scale)
     return Deployment([profile], [App(model, (profile.model,))], max_batch)
 
 
@@ -187,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="every profiled latency times this (a one-thread replica here runs 1.4-1.95x the "
         "shipped two-thread profile, peers-log session 42; default 1)",
     )
+    ap.add_argument(
+        "--profiles",
+        type=Path,
+        default=BUNDLED_PROFILES,
+        help="the folder of MODEL-cpu.json profiles to run on (default: the shipped two-thread "
+        "ones; `layerbatch profile --threads 1` measures the one-thread replicas' own)",
+    )
     ap.add_argument("--requests", type=int, default=1000, help="Poisson requests per rate")
     ap.add_argument("--trace-requests", type=int, default=200, help="trace arrivals per rate")
     ap.add_argument(
@@ -211,8 +222,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"--arrivals: expected poisson and/or azure, got {arrival!r}")
     models = a.models.split(",")
     for model in models:
-        if not profile_path(BUNDLED_PROFILES, model).exists():
-            raise SystemExit(f"--models: expected models with a shipped CPU profile, got {model!r}")
+        if not profile_path(a.profiles, model).exists():
+            raise SystemExit(
+                f"--models: expected models with a CPU profile in {a.profiles}, got {model!r} "
+                f"({profile_path(a.profiles, model).name} is missing)"
+            )
     trace = load_timestamps(AZURE_TRACE)
     rows: list[dict[str, Any]] = []
     table = []
@@ -220,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     columns = "".join(f"{p:>10}" for p in POLICIES)
     print(f"{'model':<14}{'deadline':>9} {'arrivals':<9}{columns}{'dp-tardy / best':>17}")
     for model in models:
-        d = deployment(model, a.max_batch, a.time_scale)
+        d = deployment(model, a.max_batch, a.time_scale, a.profiles)
         bounds[model] = a.replicas * profile_bound_rps(d, a.decode_ms)
         for deadline in (float(x) for x in a.deadlines.split(",")):
             for arrival in arrivals:
@@ -245,11 +259,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"req/s where the on-time ratio crosses {THRESHOLD} (simulated, {a.decode_ms:g} ms "
         f"decode a request, batches of at most {a.max_batch}, {a.replicas} device(s) at "
-        f"x{a.time_scale:g} the profile; dp-tardy's admission "
+        f"x{a.time_scale:g} the profiles in {a.profiles}; dp-tardy's admission "
         f"{'off' if a.admission_share is None else f'share {a.admission_share:.3g}'})"
     )
     out = Path(a.out)
-    doc = {"settings": vars(a), "compute_bound_rps": bounds, "table": table, "results": rows}
+    doc = {
+        "settings": {**vars(a), "profiles": str(a.profiles)},
+        "compute_bound_rps": bounds,
+        "table": table,
+        "results": rows,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
     plot(rows, bounds, out.with_suffix(".png"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from bench.peers_sim import (
     workload,
 )
 from scheduler import make_policy
+from server.build import BUNDLED_PROFILES, profile_path
 from sim.metrics import summarise
 from sim.simulator import simulate
 from traces.arrivals import load_timestamps
@@ -129,6 +132,19 @@ def test_replicas_and_a_time_scale_give_the_servers_shape(trace: np.ndarray) -> 
         slow, make_policy("dp-tardy"), w, admission_share=2 / 3, decode_ms=DECODE_MS, replicas=2
     )
     assert on_time["dp-tardy"][round(rate, 2)] == summarise(run)["on_time_ratio"]
+
+
+def test_profiles_come_from_the_folder_given(tmp_path: Path) -> None:
+    shipped = json.loads(profile_path(BUNDLED_PROFILES, "resnet18").read_text())
+    for stage in shipped["stages"]:
+        stage["latency_ms"] = [2.0 * ms for ms in stage["latency_ms"]]
+    profile_path(tmp_path, "resnet18").write_text(json.dumps(shipped))
+    mine, theirs = deployment("resnet18", 8, profiles=tmp_path), deployment("resnet18", 8)
+    assert 1000.0 / profile_bound_rps(mine, 0.0) == pytest.approx(
+        2.0 * 1000.0 / profile_bound_rps(theirs, 0.0)
+    )
+    with pytest.raises(SystemExit, match=r"googlenet-cpu\.json is missing"):
+        main(["--profiles", str(tmp_path), "--models", "resnet18,googlenet"])
 
 
 @pytest.mark.parametrize(
