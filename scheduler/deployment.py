@@ -98,6 +98,11 @@ class Deployment:
         self._tail_memo: dict[tuple[str, int], float] = {}
         self._solo_memo: dict[tuple[str, int], float] = {}
 
+    def with_profiles(self, profiles: Iterable[Profile]) -> Deployment:
+        """The same apps, batch cap and layer groups on `profiles` (one per model, e.g. this
+        deployment's rescaled or with an entry cost)."""
+        return Deployment(profiles, list(self.apps.values()), self.max_batch_cap, self.groups)
+
     # --- chains -------------------------------------------------------------------------
     def chain(self, app: str) -> tuple[ChainLink, ...]:
         return self._chains[app]

@@ -680,7 +680,7 @@ class Runtime:
             d = self.deployment
             profiles = [with_entry_cost(scaled_stages(p, scales[m]), entry_ms)
                         for m, p in self.base_profiles.items()]  # fmt: skip
-            self.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
+            self.deployment = d.with_profiles(profiles)
             self.engine.rebase(self.deployment)
             self.stage_scales, self._entry_ms = scales, entry_ms
             self.time_scale = self._calibration.overall()

@@ -89,10 +89,9 @@ def simulate(
         raise ValueError(f"decode_ms: expected a time of at least 0 ms, got {decode_ms}")
     plans = deployment
     if decode_ms > 0:
-        plans = Deployment(
-            [with_entry_cost(p, decode_ms) for p in deployment.profiles.values()],
-            list(deployment.apps.values()), deployment.max_batch_cap, deployment.groups,
-        )  # fmt: skip
+        plans = deployment.with_profiles(
+            with_entry_cost(p, decode_ms) for p in deployment.profiles.values()
+        )
     run = _Run(plans, deployment, decode_ms, workload, keep_log, step_gap_ms, policy.name,
                replicas, admission_share)  # fmt: skip
     devices = [_Device(i, Engine(plans, policy, timer), run) for i in range(replicas)]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from scheduler.deployment import Deployment
 from scheduler.profile import scaled
 from tests.server_cases import (
     CIFAR,
@@ -41,7 +40,7 @@ def with_stacking(runtime: Any, slowdown: float, slower: str, factor: float) -> 
         for p in runtime.base_profiles.values()
     ]
     runtime.base_profiles = {p.model: p for p in profiles}
-    runtime.deployment = Deployment(profiles, list(d.apps.values()), d.max_batch_cap, d.groups)
+    runtime.deployment = d.with_profiles(profiles)
     runtime.engine.rebase(runtime.deployment)
 
 

@@ -96,10 +96,8 @@ def test_only_dp_tardy_keeps_the_servers_door(trace: np.ndarray) -> None:
     assert len(common) > 10
     for rate in common:  # the peers' batchers turn nobody away
         assert door["dynamic"][rate] == open_["dynamic"][rate]
-    turned_away, rate = (
-        0,
-        START["azure"] * profile_bound_rps(d, DECODE_MS),
-    )  # the sweep's rates, unrounded
+    turned_away = 0
+    rate = START["azure"] * profile_bound_rps(d, DECODE_MS)  # the sweep's rates, unrounded
     for key, on_time in door["dp-tardy"].items():
         assert key == round(rate, 2)
         w = workload("resnet18", "azure", rate, 300.0, 100, 1, trace)

@@ -12,7 +12,6 @@ import pytest
 
 import layerbatch
 from bench.step_replay import Step, parse_beside, read_steps, replay
-from scheduler.deployment import Deployment
 from scheduler.errors import InputError
 from scheduler.profile import scaled_stages
 from server.build import build_runtime
@@ -130,7 +129,7 @@ async def test_the_server_logs_a_request_it_drops_with_how_late_it_would_have_be
     runtime.admission = None
     d = runtime.deployment
     slow = [scaled_stages(p, [1000.0] * p.num_stages) for p in d.profiles.values()]
-    runtime.deployment = Deployment(slow, list(d.apps.values()), d.max_batch_cap, d.groups)
+    runtime.deployment = d.with_profiles(slow)
     runtime.engine.rebase(runtime.deployment)
     client = await serve(aiohttp_client, runtime)
     alone_ms = runtime.deployment.solo_ms(CIFAR, 0)
