@@ -44,7 +44,7 @@ class Dynamic:
 
     def plan(self, state: SchedulerState, now_ms: float) -> Plan:
         live, drops = split_expired(state, now_ms)
-        actions = _whole_model_schedule(state.deployment, live, now_ms, self.waits)
+        actions = whole_model_schedule(state.deployment, live, now_ms, self.waits)
         return finish_plan(state, now_ms, actions, drops, policy=self.name)
 
 
@@ -58,9 +58,11 @@ class Tfs(Dynamic):
     waits = "tfs"
 
 
-def _whole_model_schedule(
+def whole_model_schedule(
     d: Deployment, live: list[Request], now_ms: float, waits: Waiting
 ) -> list[Action]:
+    """The schedule of the docstring's `waits` rule ("never": dynamic) for `live`, in arrival
+    order, from `now_ms`: oldest first, each batch run to its model's end."""
     pos = {r.id: r.position for r in live}
     req = {r.id: r for r in live}
     t = now_ms
