@@ -12,6 +12,18 @@ partial objective, and memoised per-app solutions for apps whose requests earlie
 move). Above that the order is Smith's rule for dp-time (ascending schedule duration / number
 of requests, the optimal order for independent apps run as single blocks) and earliest
 deadline first over apps for dp-tardy.
+
+EXACT_APPS is 3: with more apps the search costs more than it gains. Under re-planning only a
+plan's first steps run, and the exact order of a snapshot did not serve more on time than the
+heuristic order (simulated, Poisson arrivals, dp-tardy, 2-3 seeds of 3000 requests; on time with
+the search up to 6 apps -> up to 3, and the mean time a plan took):
+- the five demo apps on the shipped CPU profiles, 300 ms: 0.966 -> 0.976 at 100 req/s, 0.897 ->
+  0.915 at 120; 677 -> 270 us and 1248 -> 458 us;
+- four of them (no resnet20_cifar10): 0.975 -> 0.979 at 80 req/s, 0.885 -> 0.887 at 100;
+  343 -> 236 us and 799 -> 489 us;
+- the five V100 profiles, 150 ms: 0.980 -> 0.980 at 60 req/s, 0.914 -> 0.921 at 80, 0.828 ->
+  0.837 at 100; 198 -> 135, 520 -> 277 and 859 -> 415 us.
+(bench/results/peers-log.md, session 82.)
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from scheduler.dp import (
 from scheduler.segments import Rider, walk
 from scheduler.types import Action, Request
 
-EXACT_APPS = 6
+EXACT_APPS = 3
 
 Prefix = tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
 

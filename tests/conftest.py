@@ -24,6 +24,7 @@ def pytest_terminal_summary(
     """The figures tests reported through `report`; how far dp-time (--exact, Theorem 1: best
     over FIFO segmentations) is from the best over all schedules, on the random cases of
     tests/test_dp_optimality.py."""
+    from scheduler.search import EXACT_APPS
     from tests.sched_cases import DP_GAP_KEY, HEURISTIC_KEY
 
     figures = config.stash.get(FIGURES_KEY, [])
@@ -33,7 +34,9 @@ def pytest_terminal_summary(
             terminalreporter.write_line(line)
     heuristic = config.stash.get(HEURISTIC_KEY, [])
     if heuristic:
-        terminalreporter.section("dp-time app order above 6 apps: heuristic vs exact search")
+        terminalreporter.section(
+            f"dp-time app order above {EXACT_APPS} apps: heuristic vs exact search"
+        )
         terminalreporter.write_line(
             f"{len(heuristic)} cases of 8 apps; objective / exact: "
             f"mean {sum(heuristic) / len(heuristic):.4f}, max {max(heuristic):.4f}"

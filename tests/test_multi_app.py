@@ -8,6 +8,7 @@ import itertools
 import math
 import random
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -101,11 +102,18 @@ def order_cost_with_dp(case: Case, order: tuple[str, ...], mode: Any) -> tuple[f
     return dp_cost, total_ms(rep.completion, case.now_ms)
 
 
+def every_order_searched() -> Any:
+    """The order search exact for the up to 4 apps of `independent_apps` (by default it is exact
+    up to `scheduler.search.EXACT_APPS` apps)."""
+    return mock.patch.object(scheduler.search, "EXACT_APPS", 4)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(independent_apps())
 def test_dp_time_exact_picks_the_best_order_of_apps(case: Case) -> None:
     state = case.state()
-    plan = make_policy("dp-time", exact=True).plan(state, case.now_ms)
+    with every_order_searched():
+        plan = make_policy("dp-time", exact=True).plan(state, case.now_ms)
     check_plan(state, case.now_ms, plan, "dp-time")
     best = best_over_orders_exact(case)
     assert plan.objective == pytest.approx(best, rel=1e-9, abs=1e-6)
@@ -125,7 +133,8 @@ def test_dp_time_objective_is_min_over_app_orders(mode: str, case: Case) -> None
         totals.append(replayed)
     state = case.state()
     kw: dict[str, Any] = {"exact": True} if mode == "request" else {"unit": mode}
-    plan = make_policy("dp-time", **kw).plan(state, case.now_ms)
+    with every_order_searched():
+        plan = make_policy("dp-time", **kw).plan(state, case.now_ms)
     check_plan(state, case.now_ms, plan, "dp-time")
     assert plan.objective == pytest.approx(min(totals), rel=1e-9, abs=1e-6)
 
