@@ -14,16 +14,16 @@ the others made. Least total completion alone runs the shortest jobs first: with
 light models' requests as they come, in small batches, while the heavy models' wait until the plans
 find them late and drop them. The five demo apps at 300 ms under Poisson arrivals, one runtime of
 one thread on 2 cores, 100 req/s: 0.84-0.90 on time (three runs) became 0.93-0.96, against
-`dynamic`'s 1.00 there; in the simulator on the shipped CPU profiles (three seeds at 80 / 100 / 120
-req/s) 0.980 / 0.916 / 0.854 became 0.998 / 0.966 / 0.897, with `dynamic` at 0.997 / 0.948 / 0.787.
-With one app the rule changed none of bench/peers_sim.py's 48 runs (bench/results/peers-log.md,
-session 82). The candidate plans are the completion-time DP, `dynamic`'s, the tardy-count DP over
-orders of apps, with several apps the apps' tardy segmentations merged by earliest deadline (an
-order-of-apps plan runs one app to completion first, which can leave late a request that
-re-planning would serve on time), and the previous round's plan without the requests dropped since
-(their batch slots freed, the others only get earlier; in the first round, the completion-time plan
-made with the hopeless requests). So with latencies that grow with batch size, dp-tardy never
-misses more requests than those plans would.
+`dynamic`'s 0.985-1.00 there; in the simulator on the shipped CPU profiles (three seeds at 80 / 100
+/ 120 req/s) 0.980 / 0.916 / 0.854 became 0.998 / 0.966 / 0.897, with `dynamic` at 0.997 / 0.948 /
+0.787. With one app the rule changed none of bench/peers_sim.py's 48 runs
+(bench/results/peers-log.md, session 82). The candidate plans are the completion-time DP,
+`dynamic`'s, the tardy-count DP over orders of apps, with several apps the apps' tardy
+segmentations merged by earliest deadline (an order-of-apps plan runs one app to completion first,
+which can leave late a request that re-planning would serve on time), and the previous round's plan
+without the requests dropped since (their batch slots freed, the others only get earlier; in the
+first round, the completion-time plan made with the hopeless requests). So with latencies that grow
+with batch size, dp-tardy never misses more requests than those plans would.
 
 A unit holds a layer group's waiting requests (up to B), so a plan runs them together or not at
 all: in an Azure-trace burst (simulated), 28 requests waiting at the first stage behind a running
