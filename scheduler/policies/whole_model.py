@@ -21,6 +21,7 @@ tfs:     TF-Serving's batching (the Irina paper's baseline, section 4): per mode
 from __future__ import annotations
 
 import math
+from bisect import insort
 from collections import defaultdict
 from typing import Literal
 
@@ -63,16 +64,14 @@ def whole_model_schedule(
 ) -> list[Action]:
     """The schedule of the docstring's `waits` rule ("never": dynamic) for `live`, in arrival
     order, from `now_ms`: oldest first, each batch run to its model's end."""
-    pos = {r.id: r.position for r in live}
-    req = {r.id: r for r in live}
+    # the requests waiting at each (model, stage), oldest first: a batch leaves the front of one
+    # queue, and those of its requests whose app goes on join the queue of their next model
+    queues: dict[tuple[str, int], list[Request]] = defaultdict(list)
+    for r in sorted(live, key=arrival_order):
+        queues[d.locate(r.app, r.position)].append(r)
     t = now_ms
     actions: list[Action] = []
-    while pos:
-        queues: dict[tuple[str, int], list[Request]] = defaultdict(list)
-        for rid, p in pos.items():
-            queues[d.locate(req[rid].app, p)].append(req[rid])
-        for q in queues.values():
-            q.sort(key=arrival_order)
+    while queues:
         (model, stage), queue = min(queues.items(), key=lambda kv: arrival_order(kv[1][0]))
         n_stages = d.profiles[model].num_stages
         size = d.batch_limit(model)
@@ -97,16 +96,17 @@ def whole_model_schedule(
             if fits:
                 size = fits[-1]
         batch = queue[:size]
+        del queue[:size]
+        if not queue:
+            del queues[(model, stage)]
         not_before = start if start > t else None
         actions.append(Action(model, (stage, n_stages), tuple(r.id for r in batch), not_before))
         t = start + d.run_ms(model, stage, n_stages, len(batch))
         for r in batch:
             link = d.link_of(r.app, model)
             assert link is not None
-            if link.end >= d.app_length(r.app):
-                del pos[r.id]
-            else:
-                pos[r.id] = link.end
+            if link.end < d.app_length(r.app):
+                insort(queues[d.locate(r.app, link.end)], r, key=arrival_order)
     return actions
 
 
