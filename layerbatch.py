@@ -81,9 +81,17 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--sim", action="store_true", help="instead: simulated capacity on a shipped GPU profile"
     )
-    demo.add_argument("--rate", type=_positive_float, default=30.0, help="req/s (default 30)")
     demo.add_argument(
-        "--duration", type=_positive_float, default=30.0, help="seconds per policy (default 30)"
+        "--rate",
+        type=_positive_floats,
+        default=None,
+        help="offered load, req/s: one or a comma list (default 30,60,90,120,150)",
+    )
+    demo.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=6.0,
+        help="seconds per policy at each rate (default 6)",
     )
     demo.add_argument(
         "--deadline-ms", type=_positive_float, default=300.0, help="deadline (default 300)"
@@ -622,6 +630,15 @@ def _at_least_one(text: str) -> float:
     return value
 
 
+def _positive_floats(text: str) -> list[float]:
+    try:
+        return [_positive_float(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number or a comma list of them, got {text!r}"
+        ) from None
+
+
 def _positive_ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",")]
@@ -898,18 +915,18 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 
 
 def server_demo(ns: argparse.Namespace) -> int:
-    from client.demo import DEMO_APPS, format_table, run_demo
+    from client.demo import DEMO_APPS, DEMO_RATES_RPS, format_table, run_demo
 
     plot = ns.plot or "out/demo-server.png"
+    rates = sorted(set(ns.rate or DEMO_RATES_RPS))
     print(f"layerbatch demo: the server on this machine ({os.cpu_count()} cores) serving")
     print(f"{', '.join(DEMO_APPS)}; the built-in load generator sends real video frames as JPEG")
     print(
-        f"at {ns.rate:g} req/s (Poisson), deadline {ns.deadline_ms:g} ms, {ns.duration:g} s per policy.\n"
+        f"at {', '.join(f'{r:g}' for r in rates)} req/s (Poisson), deadline {ns.deadline_ms:g} ms, "
+        f"{ns.duration:g} s per policy at each rate.\n"
     )
-    table = run_demo(
-        rate_rps=ns.rate, duration_s=ns.duration, deadline_ms=ns.deadline_ms, plot=plot
-    )
-    print(format_table(table))
+    rows = run_demo(rates_rps=rates, duration_s=ns.duration, deadline_ms=ns.deadline_ms, plot=plot)
+    print(format_table(rows))
     print(f"plot: {plot}")
     return 0
 
