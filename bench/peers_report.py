@@ -198,7 +198,36 @@ def report_main(paths: Sequence[Path], png: Path, seed: int) -> None:
             "run on its own as well"
         )
     report_interleaved(doc, png, np.random.default_rng(seed))
+    if len(docs) > 1:
+        for line in pooled_support(docs, doc):
+            print(line)
     print(f"wrote {png}")
+
+
+def pooled_support(docs: Sequence[Mapping[str, Any]], pooled: Mapping[str, Any]) -> list[str]:
+    """Per server, what each run read alone, and a warning where the pooled crossing lies
+    outside some runs' rates: the pooled mean there averages only the runs that measured it, so
+    a run whose rates all lie above a server's crossing moves nothing below them (resnet18 at
+    300 ms: two of four runs had both peers under 0.9 at their lowest rate, and a fifth run that
+    bracketed the crossings moved TorchServe's pooled one from 87.8 to 94.6, session 83)."""
+    lines = []
+    for server, per in pooled["mean_on_time"].items():
+        at, _ = edge_crossing({float(r): v for r, v in per.items()})
+        alone, outside = [], 0
+        for doc in docs:
+            mine = {float(r): v for r, v in doc["mean_on_time"].get(server, {}).items()}
+            if not mine:
+                continue
+            rate, side = edge_crossing(mine)
+            alone.append({"": f"{rate:g}", "below": f"below {rate:g}", "above": f"{rate:g}+"}[side])
+            outside += not min(mine) <= at <= max(mine)
+        lines.append(f"{server}, each run alone: {', '.join(alone)}")
+        if outside:
+            lines.append(
+                f"warning: {server}'s pooled crossing ({at:g} req/s) lies outside the rates of "
+                f"{outside} of {len(alone)} runs; there it rests on the other {len(alone) - outside}"
+            )
+    return lines
 
 
 def rounds_text(doc: Mapping[str, Any]) -> str:

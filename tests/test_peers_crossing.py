@@ -23,7 +23,7 @@ from bench.peers_crossing import (
     ratio_interval,
 )
 from bench.peers_ideal import equivalent_ceiling_rps, ideal_crossing_rps
-from bench.peers_report import interleaved_results, pool_interleaved
+from bench.peers_report import interleaved_results, pool_interleaved, pooled_support
 from traces.arrivals import load_timestamps
 
 
@@ -154,6 +154,24 @@ def test_pooling_keeps_every_round_of_every_rate_and_refuses_another_cell() -> N
     other = _doc({"layerbatch": {"5": [1.0]}}, deadline_ms=1000.0)
     with pytest.raises(ValueError, match=r"b\.json: measured resnet18 at 1000 ms under azure"):
         pool_interleaved([a, other], ["a.json", "b.json"])
+
+
+def test_pooled_report_names_the_runs_a_pooled_crossing_rests_on() -> None:
+    """A run whose rates all lie above a server's crossing says only "below its lowest rate":
+    the pooled curve there is the other runs' alone, and the report says so."""
+    low = _doc({"layerbatch": {"80": [1.0], "90": [1.0], "100": [0.95], "110": [0.8]},
+                "torchserve": {"80": [1.0], "90": [0.8], "100": [0.5], "110": [0.1]}})  # fmt: skip
+    high = _doc({"layerbatch": {"100": [0.95], "110": [0.85], "120": [0.7]},
+                 "torchserve": {"100": [0.6], "110": [0.2], "120": [0.1]}})  # fmt: skip
+    pooled = pool_interleaved([low, high], ["low.json", "high.json"])
+    lines = pooled_support([low, high], pooled)
+    assert lines[0] == "layerbatch, each run alone: 103.3, 105"
+    assert "layerbatch's pooled" not in " ".join(lines)
+    assert lines[1] == "torchserve, each run alone: 85, below 100"
+    assert lines[2] == (
+        "warning: torchserve's pooled crossing (85 req/s) lies outside the rates of 1 of 2 runs; "
+        "there it rests on the other 1"
+    )
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
