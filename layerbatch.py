@@ -927,7 +927,9 @@ def server_demo(ns: argparse.Namespace) -> int:
     )
     rows = run_demo(rates_rps=rates, duration_s=ns.duration, deadline_ms=ns.deadline_ms, plot=plot)
     print(format_table(rows))
-    print(f"plot: {plot}")
+    table = Path(plot).with_suffix(".json")
+    table.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"plot: {plot}\nrows: {table}")
     return 0
 
 

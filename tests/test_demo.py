@@ -4,6 +4,7 @@ runs it; and the two summaries the demo draws from its rows."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,16 @@ def test_demo_serves_every_policy_at_every_rate_and_draws_the_comparison(
         assert m[1] == (f"{max(ok):g} req/s" if ok else "under the lowest rate")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot: {plot}" in done.stdout
+    # the rows kept beside the plot, as printed
+    saved = json.loads(plot.with_suffix(".json").read_text())
+    assert [(r["rate_rps"], r["policy"]) for r in saved] == list(rows)
+    for r in saved:
+        on_time, _, dropped, requests = rows[(r["rate_rps"], r["policy"])]
+        assert (round(r["on_time_ratio"], 3), r["dropped"], r["requests"]) == (
+            on_time,
+            dropped,
+            requests,
+        )
 
 
 def _row(rate: float, policy: str, on_time: float) -> dict[str, Any]:
