@@ -191,7 +191,7 @@ class DPScheduler:
             live = [r for r in served if r.id not in gone]
             actions = _without(fifo, gone)
             completion = replay(d, live, now_ms, actions, state.running)[0]
-            kept = {r.id for r in served} - gone
+            kept = {r.id for r in live}
             drops = [x for x in drops if x.request_id not in kept] + [
                 Drop(rid, PREDICTED_LATE, fifo_scored.completion[rid]) for rid in sorted(gone)
             ]
