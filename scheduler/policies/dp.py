@@ -24,8 +24,8 @@ which can leave late a request that re-planning would serve on time), and the pr
 without the requests dropped since (their batch slots freed, the others only get earlier; in the
 first round, the completion-time plan and `dynamic`'s made with the hopeless requests). Each round
 keeps the fewest late, but the rounds re-form batches as they drop, and over several rounds that
-can drop more than `dynamic`'s plan leaves late (hypothesis found 17 requests of two apps that
-share a model: 2 dropped against 1 late); then `dynamic`'s plan, its late requests dropped, is the
+can drop more than `dynamic`'s plan leaves late (hypothesis found 10 requests of four apps over
+three shared models: 2 dropped against 1 late; tests/test_policies.py keeps the case); then `dynamic`'s plan, its late requests dropped, is the
 answer. So with latencies that grow with batch size, dp-tardy never misses more requests than
 `dynamic` would.
 
@@ -149,19 +149,14 @@ class DPScheduler:
         multi_app = len({r.app for r in live[: self.max_active]}) > 1
         served = live  # everything the rounds below may drop
         fifo_scored = _late_and_total(state, served, planned, now_ms, fifo)
+        first_fifo: tuple[list[Action], _Scored] | None = (fifo, fifo_scored)  # first round's
         predicted_late: list[Request] = []
         predicted_ms: dict[str, float] = {}  # when the round that found it late would finish it
         while True:
             late, actions, completion = self._fewest_late(
-                state,
-                live,
-                planned,
-                now_ms,
-                memo,
-                multi_app,
-                actions,
-                fifo=(fifo, fifo_scored) if live is served else None,
+                state, live, planned, now_ms, memo, multi_app, actions, fifo=first_fifo
             )
+            first_fifo = None
             if not late:
                 break
             gone = set(late)
