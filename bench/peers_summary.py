@@ -24,8 +24,9 @@ against the target. Runs in any venv with numpy and matplotlib (no server starts
 
     .venv/bin/python bench/peers_summary.py [--cells FILE] [--png FILE] [--md FILE] [--seed 1]
 
-`--grid bench/results/peers-full.json` prints instead the README's table of a finished `make
-bench-peers` grid, from the rows its JSON keeps (`table`), in the same terms.
+`--grid bench/results/peers-full.json` prints instead the table of a finished `make bench-peers`
+grid (the one in bench/results/peers-grid.md), from the rows its JSON keeps (`table`), in the
+same terms.
 
 `--rules FILE[,FILE...]` prints, per cell, layerbatch / best peer by each capacity rule of
 `bench/peers_crossing.capacity_rules`: the benchmark's first crossing, the highest rate on time,
@@ -241,7 +242,7 @@ def table(cells: Sequence[Cell]) -> str:
 
 
 def grid_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The README's markdown table of a finished `bench/peers.py` grid, from the `table` of its
+    """The markdown table of a finished `bench/peers.py` grid (bench/results/peers-grid.md), from the `table` of its
     JSON: per cell the compute bound and batched ceiling, every server's crossing with its knobs
     (the best peer's in bold), layerbatch / best peer with its interval, and the target's status
     as the cells' table gives it."""
@@ -411,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--grid",
         type=Path,
-        help="print the README's table of a finished bench/peers.py run (its JSON) instead",
+        help="print the table of a finished bench/peers.py run (its JSON) instead",
     )
     ap.add_argument(
         "--rules",

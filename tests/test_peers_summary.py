@@ -227,12 +227,12 @@ def test_the_grid_table_marks_a_cell_met_or_not_and_one_without_an_interval() ->
     assert lines[2].endswith("| - | - |")
 
 
-def test_the_readme_quotes_the_full_grid_its_json_gives(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_grid_page_quotes_the_grid_its_json_gives(capsys: pytest.CaptureFixture[str]) -> None:
     grid = CELLS.parent / "peers-full.json"
     rows = load_grid(grid)
     assert len(rows) == 12  # 3 models x 2 deadlines x 2 arrival processes
-    # re-run `bench/peers_summary.py --grid bench/results/peers-full.json` if the README is stale
-    assert grid_table(rows) + "\n\n" in (ROOT / "README.md").read_text()
+    # re-run `bench/peers_summary.py --grid bench/results/peers-full.json` if peers-grid.md is stale
+    assert grid_table(rows) + "\n\n" in (CELLS.parent / "peers-grid.md").read_text()
     main(["--grid", str(grid)])
     assert capsys.readouterr().out == grid_table(rows) + "\n"
 
