@@ -225,7 +225,8 @@ def pooled_support(docs: Sequence[Mapping[str, Any]], pooled: Mapping[str, Any])
         if outside:
             lines.append(
                 f"warning: {server}'s pooled crossing ({at:g} req/s) lies outside the rates of "
-                f"{outside} of {len(alone)} runs; there it rests on the other {len(alone) - outside}"
+                f"{outside} of {len(alone)} runs; there it rests on the other "
+                f"{len(alone) - outside}"
             )
     return lines
 

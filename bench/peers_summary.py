@@ -242,10 +242,10 @@ def table(cells: Sequence[Cell]) -> str:
 
 
 def grid_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The markdown table of a finished `bench/peers.py` grid (bench/results/peers-grid.md), from the `table` of its
-    JSON: per cell the compute bound and batched ceiling, every server's crossing with its knobs
-    (the best peer's in bold), layerbatch / best peer with its interval, and the target's status
-    as the cells' table gives it."""
+    """The markdown table of a finished `bench/peers.py` grid (bench/results/peers-grid.md), from
+    the `table` of its JSON: per cell the compute bound and batched ceiling, every server's
+    crossing with its knobs (the best peer's in bold), layerbatch / best peer with its interval,
+    and the target's status as the cells' table gives it."""
     servers = list(dict.fromkeys(s for r in rows for s in r["capacity_rps"]))
     head = (
         "| model | deadline, arrivals | compute bound | batched ceiling | "

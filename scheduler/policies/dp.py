@@ -25,9 +25,9 @@ without the requests dropped since (their batch slots freed, the others only get
 first round, the completion-time plan and `dynamic`'s made with the hopeless requests). Each round
 keeps the fewest late, but the rounds re-form batches as they drop, and over several rounds that
 can drop more than `dynamic`'s plan leaves late (hypothesis found 10 requests of four apps over
-three shared models: 2 dropped against 1 late; tests/test_policies.py keeps the case); then `dynamic`'s plan, its late requests dropped, is the
-answer. So with latencies that grow with batch size, dp-tardy never misses more requests than
-`dynamic` would.
+three shared models: 2 dropped against 1 late; tests/test_policies.py keeps the case); then
+`dynamic`'s plan, its late requests dropped, is the answer. So with latencies that grow with batch
+size, dp-tardy never misses more requests than `dynamic` would.
 
 A unit holds a layer group's waiting requests (up to B), so a plan runs them together or not at
 all: in an Azure-trace burst (simulated), 28 requests waiting at the first stage behind a running
