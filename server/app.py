@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,7 +21,9 @@ from server.config import CONFIG, RUNTIME, Served, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
 from server.runtime import Overloaded
-from server.wire import decode_body, encode_body, is_json, parse_infer
+from server.wire import decode_body, encode_body, is_json, is_msgpack, parse_infer
+
+log = logging.getLogger(__name__)
 
 
 def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Application:
@@ -56,7 +59,7 @@ def reply(request: web.Request, doc: Any, status: int = 200) -> web.Response:
     """Answer in the request's format: msgpack if it sent msgpack or asks for it (Accept),
     else JSON (so a plain GET from a browser or curl reads as text). KServe v2 is always JSON."""
     accept = request.headers.get("Accept", "")
-    sent_msgpack = request.body_exists and not is_json(request.content_type)
+    sent_msgpack = request.body_exists and is_msgpack(request.content_type)
     v2 = request.path.startswith("/v2")
     json_mode = v2 or "json" in accept or not (sent_msgpack or "msgpack" in accept)
     body, ctype = encode_body(doc, json_mode)
@@ -82,6 +85,17 @@ async def _errors(
             {"status": 413, "error": f"body: expected at most {limit} bytes ({exc.text})"},
             413,
         )
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"method: expected {allowed} for {request.path}, got {request.method}"
+        return reply(request, {"status": exc.status, "error": message}, exc.status)
+    except web.HTTPNotFound as exc:
+        paths = sorted({r.canonical for r in request.app.router.resources()})
+        message = f"path: expected one of {', '.join(paths)}, got {request.path}"
+        return reply(request, {"status": exc.status, "error": message}, exc.status)
+    except web.HTTPClientError as exc:  # aiohttp's own refusals, e.g. a WebSocket not upgraded
+        message = f"{request.method} {request.path}: {' '.join((exc.text or exc.reason).split())}"
+        return reply(request, {"status": exc.status, "error": message}, exc.status)
 
 
 async def _read(request: web.Request) -> Any:
@@ -97,7 +111,7 @@ async def infer(request: web.Request) -> web.Response:
         doc, runtime.app_lengths(), json_mode, request.app[CONFIG].default_deadline_ms
     )
     answer = await runtime.submit(req)
-    return reply(request, answer, 500 if answer["status"] == "error" else 200)
+    return reply(request, answer, answer.get("code", 500) if answer["status"] == "error" else 200)
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
@@ -127,6 +141,9 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
                 "code": exc.status,
                 "error": exc.message,
             }
+        except Exception as exc:  # a bug, not the client's: said, and the message still answered
+            log.exception("answering WebSocket message %s", rid)
+            answer = {"request_id": rid, "status": "error", "code": 500, "error": repr(exc)}
         body, _ = encode_body(answer, json_mode)
         if not ws.closed:
             await (ws.send_str(body.decode()) if json_mode else ws.send_bytes(body))

@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import reprlib
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
 from aiohttp import web
 
+from scheduler.validate import is_int, is_number
 from server.config import RUNTIME, Served
 from server.errors import BadRequest
 from server.results import describe
-from server.wire import MAX_DEADLINE_MS, InferRequest
+from server.wire import JSON, MAX_DEADLINE_MS, InferRequest, decode_body, finite
 
 
 def add_kserve_routes(app: web.Application) -> None:
@@ -102,10 +105,7 @@ async def model_infer(request: web.Request) -> web.Response:
         raise BadRequest(
             400, "binary tensor data is not supported: send JSON tensors (binary_data=False)"
         )
-    try:
-        doc = json.loads(await request.read())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(400, f"body: expected a JSON inference request ({exc})") from None
+    doc = decode_body(await request.read(), JSON)
     if (
         not isinstance(doc, dict)
         or not isinstance(doc.get("inputs"), list)
@@ -113,26 +113,20 @@ async def model_infer(request: web.Request) -> web.Response:
     ):
         raise BadRequest(400, "inputs: expected a list with exactly one input tensor")
     spec = rt.first_spec(name)
-    x = _tensor(doc["inputs"][0], spec.input_shape)
+    x = _tensor(doc["inputs"][0], spec.input_shape, rt.max_queued)
     params = doc.get("parameters") or {}
     deadline = params.get("deadline_ms", 1000.0) if isinstance(params, dict) else None
-    if (
-        not isinstance(deadline, int | float)
-        or isinstance(deadline, bool)
-        or not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_MS)
-    ):
+    if not (is_number(deadline) and finite(deadline) and 0 < deadline <= MAX_DEADLINE_MS):
         raise BadRequest(
             422, f"parameters.deadline_ms: expected a number in (0, {MAX_DEADLINE_MS:g}]"
         )
-    answers = await asyncio.gather(
-        *(
-            rt.submit(InferRequest(name, float(deadline), None, "kserve", tensor=x[i]), raw=True)
-            for i in range(x.shape[0])
-        )
+    answers = await _all_or_none(
+        rt.submit(InferRequest(name, float(deadline), None, "kserve", tensor=x[i]), raw=True)
+        for i in range(x.shape[0])
     )
     bad = [a for a in answers if a["status"] != "ok"]
     if bad:
-        status = 503 if bad[0]["status"] == "dropped" else 500
+        status = 503 if bad[0]["status"] == "dropped" else bad[0].get("code", 500)
         return web.json_response(
             {
                 "error": f"{len(bad)} of {len(answers)} samples were not served: {bad[0].get('reason')}"
@@ -158,24 +152,49 @@ async def model_infer(request: web.Request) -> web.Response:
     return web.json_response(reply)
 
 
-def _tensor(inp: Any, shape: tuple[int, ...]) -> torch.Tensor:
+async def _all_or_none(submits: Iterable[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every sample's answer; should one be refused (the queue full, say), the others, already
+    admitted, are withdrawn before the refusal is raised, so that no work runs for nobody."""
+    tasks = [asyncio.ensure_future(s) for s in submits]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _tensor(inp: Any, shape: tuple[int, ...], max_samples: int) -> torch.Tensor:
     if not isinstance(inp, dict) or inp.get("datatype") != "FP32":
-        raise BadRequest(400, "inputs[0].datatype: expected FP32")
+        got = inp.get("datatype") if isinstance(inp, dict) else None
+        raise BadRequest(400, f"inputs[0].datatype: expected FP32, got {reprlib.repr(got)}")
     declared = inp.get("shape")
-    if not isinstance(declared, list) or not all(isinstance(v, int) and v > 0 for v in declared):
+    if not isinstance(declared, list) or not all(is_int(v) and v > 0 for v in declared):
         raise BadRequest(400, "inputs[0].shape: expected a list of positive integers")
     if declared == list(shape):
         declared = [1, *declared]
     if declared[1:] != list(shape):
         raise BadRequest(
-            422, f"inputs[0].shape: expected [N, {', '.join(map(str, shape))}], got {declared}"
+            422,
+            f"inputs[0].shape: expected [N, {', '.join(map(str, shape))}], "
+            f"got {reprlib.repr(declared)}",
         )
-    try:
-        arr = np.asarray(inp.get("data"), dtype=np.float32).reshape(declared)
-    except (TypeError, ValueError):
+    if declared[0] > max_samples:
         raise BadRequest(
-            400, f"inputs[0].data: expected {math.prod(declared)} numbers for shape {declared}"
-        ) from None
+            422,
+            f"inputs[0].shape: expected at most {max_samples} samples (the server's queue), "
+            f"got {reprlib.repr(declared[0])}",
+        )
+    numbers = f"inputs[0].data: expected {math.prod(declared)} numbers for shape {declared}"
+    try:
+        given = np.asarray(inp.get("data"))
+        if given.dtype.kind not in "iuf":  # strings, booleans, ints too large: not numbers
+            raise BadRequest(400, numbers)
+        with np.errstate(over="ignore"):
+            arr = given.astype(np.float32).reshape(declared)
+    except (TypeError, ValueError):
+        raise BadRequest(400, numbers) from None
     if not np.isfinite(arr).all():
-        raise BadRequest(422, "inputs[0].data: expected finite numbers")
+        raise BadRequest(422, "inputs[0].data: expected finite numbers (within float32's range)")
     return torch.from_numpy(arr)

@@ -30,7 +30,7 @@ from scheduler.dispatch import choose_replica
 from server.errors import BadRequest
 from server.metrics import Metrics
 from server.runtime import Overloaded, Runtime
-from server.wire import InferRequest
+from server.wire import InferRequest, fresh_id
 
 
 class Replicas:
@@ -109,7 +109,7 @@ class Replicas:
                 f"the queue is full ({self.max_queued} requests); try again shortly", 1
             )
         if req.request_id is None:
-            req = dataclasses.replace(req, request_id=f"r{next(self._ids)}")
+            req = dataclasses.replace(req, request_id=fresh_id(self._ids, self._holding))
         rid = req.request_id
         assert rid is not None
         if rid in self._holding:

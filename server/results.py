@@ -29,6 +29,18 @@ def describe(spec: ModelSpec, output: Any) -> dict[str, Any]:
     return {"boxes": _faces(spec, output)}
 
 
+def is_finite(output: Any) -> bool:
+    """Whether every number of a model's output (a tensor, or a dict or tuple of them) is finite;
+    numpy, not torch, as `_histogram`."""
+    if isinstance(output, torch.Tensor):
+        return bool(np.isfinite(output.detach().cpu().numpy()).all())
+    if isinstance(output, dict):
+        return all(is_finite(v) for v in output.values())
+    if isinstance(output, tuple | list):
+        return all(is_finite(v) for v in output)
+    return True
+
+
 def _label(spec: ModelSpec, i: int) -> str:
     return spec.labels[i] if 0 <= i < len(spec.labels) else str(i)
 

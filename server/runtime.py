@@ -91,15 +91,19 @@ from server.calibration import StageCalibration, ewma
 from server.errors import BadRequest
 from server.inputs import feature_tensor, image_tensor
 from server.metrics import Metrics
-from server.results import describe
+from server.results import describe, is_finite
 from server.step_log import StepLog
-from server.wire import InferRequest
+from server.wire import InferRequest, fresh_id
 
 Clock = Callable[[], float]  # milliseconds, monotonic
 SWITCH_INTERVAL_S = 0.0005
 CALIBRATION_WEIGHT = 0.05  # EWMA weight of each step's measured / profiled time
 CALIBRATION_EVERY = 25  # steps between checks (after the first CALIBRATION_EVERY, each checked)
 CALIBRATION_DRIFT = 0.15  # rescale when the factor moved by more than this
+NOT_FINITE = (
+    "the model's output is not finite (NaN or infinity): the input's values are outside the range "
+    "the model takes"
+)
 
 
 class Overloaded(BadRequest):
@@ -279,7 +283,7 @@ class Runtime:
             raise Overloaded(
                 f"the queue is full ({self.max_queued} requests); try again shortly", 1
             )
-        rid = req.request_id or f"r{next(self._ids)}"
+        rid = req.request_id or fresh_id(self._ids, self.pending)
         if rid in self.pending:
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         loop = asyncio.get_running_loop()
@@ -710,6 +714,9 @@ class Runtime:
         p = self.pending.pop(rid, None)
         if p is None or p.future.done():
             return
+        code = None
+        if status == "ok" and not is_finite(output):
+            status, reason, output, code = "error", NOT_FINITE, None, 422
         now = self.clock()
         r = p.request
         total = now - r.arrival_ms
@@ -722,6 +729,8 @@ class Runtime:
         doc: dict[str, Any] = {"request_id": rid, "status": status}
         if reason is not None:
             doc["reason"] = reason
+        if code is not None:
+            doc["code"] = code
         if status == "ok":
             last = self.deployment.apps[r.app].models[-1]
             doc["result"] = describe(self.models[last].spec, output)

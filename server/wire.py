@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import math
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +29,11 @@ from server.errors import BadRequest
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
+MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "")  # "": a body sent with no Content-Type
 MAX_DEADLINE_MS = 600_000.0  # ten minutes: beyond that a "deadline" is a mistake
+# an INT8 step of 1e6 spans activations up to 2.55e8; larger ones overflow a layer's float32
+# sums to infinity and the answer to NaN
+MAX_FEATURE_SCALE = 1e6
 
 
 @dataclass(frozen=True)
@@ -49,20 +55,47 @@ def is_json(content_type: str) -> bool:
     return content_type.split(";")[0].strip().lower() == JSON
 
 
+def is_msgpack(content_type: str) -> bool:
+    return content_type.split(";")[0].strip().lower() in MSGPACK_TYPES
+
+
 def decode_body(raw: bytes, content_type: str) -> Any:
-    """The decoded document; BadRequest(400) if it is not valid msgpack / JSON."""
+    """The decoded document; BadRequest(400) if it is not valid msgpack / JSON (a number JSON
+    cannot convert and nesting too deep to parse included), 415 for another Content-Type."""
     kind = content_type.split(";")[0].strip().lower()
     if kind == JSON:
         try:
             return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadRequest(400, f"body: expected a JSON document ({exc})") from None
-    if kind in (MSGPACK, "application/x-msgpack", ""):
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, 4300+ digits
+            raise BadRequest(400, f"body: expected a JSON document ({_why(exc)})") from None
+    if kind in MSGPACK_TYPES:
         try:
             return msgpack.unpackb(raw, raw=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-            raise BadRequest(400, f"body: expected a msgpack document ({exc})") from None
+            raise BadRequest(400, f"body: expected a msgpack document ({_why(exc)})") from None
     raise BadRequest(415, f"Content-Type: expected {MSGPACK} or {JSON}, got {kind!r}")
+
+
+def _why(exc: BaseException) -> str:
+    """An exception's message, or its type where it has none (msgpack's often have none)."""
+    text = str(exc)
+    return text[:200] if text else type(exc).__name__
+
+
+def finite(x: int | float) -> bool:
+    """Whether `x` is a finite number as a float (an int too large for a float is not)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def fresh_id(counter: itertools.count[int], in_use: Container[str]) -> str:
+    """The next automatic request id, "r<n>", that no request in flight holds (a client may
+    have chosen that id for its own)."""
+    while (rid := f"r{next(counter)}") in in_use:
+        pass
+    return rid
 
 
 def encode_body(doc: Any, json_mode: bool) -> tuple[bytes, str]:
@@ -87,9 +120,11 @@ def parse_infer(
     deadline = doc.get("deadline_ms", default_deadline_ms)
     if not is_number(deadline):
         raise BadRequest(400, "deadline_ms: expected a number of milliseconds")
-    if not (math.isfinite(deadline) and 0 < deadline <= MAX_DEADLINE_MS):
+    if not (finite(deadline) and 0 < deadline <= MAX_DEADLINE_MS):
         raise BadRequest(
-            422, f"deadline_ms: expected a number in (0, {MAX_DEADLINE_MS:g}], got {deadline}"
+            422,
+            f"deadline_ms: expected a number in (0, {MAX_DEADLINE_MS:g}], "
+            f"got {reprlib.repr(deadline)}",
         )
     rid = _optional_str(doc, "request_id")
     cid = _optional_str(doc, "client_id")
@@ -114,8 +149,10 @@ def parse_infer(
     if not isinstance(shape, list) or not shape or not all(is_int(v) and v > 0 for v in shape):
         raise BadRequest(400, "payload.features.shape: expected a list of positive integers")
     scale = f.get("scale")
-    if not is_number(scale) or not (math.isfinite(scale) and scale > 0):
-        raise BadRequest(400, "payload.features.scale: expected a positive number")
+    if not is_number(scale) or not (finite(scale) and 0 < scale <= MAX_FEATURE_SCALE):
+        raise BadRequest(
+            400, f"payload.features.scale: expected a positive number up to {MAX_FEATURE_SCALE:g}"
+        )
     zp = f.get("zero_point")
     if not is_int(zp) or not 0 <= zp <= 255:
         raise BadRequest(400, "payload.features.zero_point: expected an integer in 0..255")

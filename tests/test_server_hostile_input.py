@@ -1,0 +1,289 @@
+"""Input past the ordinary mistakes, through real sockets: numbers JSON or a float cannot hold,
+nesting too deep to parse, empty and oversized images, inputs that overflow the model, ids a
+client chose that the server would also give, paths and methods the API does not have, and a
+KServe batch larger than the queue's room. Each gets one sentence naming what was wrong (never a
+500, never silence on a WebSocket), and a valid request in flight beside it is still served."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+from typing import Any
+
+import cv2
+import msgpack
+import numpy as np
+import pytest
+
+import server.inputs
+from server.app import ServerConfig
+from server.inputs import encoded_size
+from server.runtime import NOT_FINITE, Runtime
+from server.wire import MAX_FEATURE_SCALE, fresh_id
+from tests.server_cases import (
+    CIFAR,
+    Client,
+    StageGate,
+    build,
+    counters,
+    good_request_in_flight,
+    infer,
+    infer_doc,
+    jpeg,
+    packb,
+    post,
+    restore_process_globals,  # noqa: F401 (a fixture)
+    serve,
+    small_jpeg,
+    synthetic_rgb,
+    wait_for,
+)
+
+pytestmark = pytest.mark.usefixtures("restore_process_globals")
+
+ONLY_GOOD = {f"{CIFAR}/ok": 1}
+HUGE_INT = "1" + "0" * 400  # a JSON integer no float holds
+DEEP = b"[" * 100_000 + b"]" * 100_000  # deeper than Python's parser recurses
+
+
+async def setup(aiohttp_client: Any, **build_kwargs: Any) -> tuple[Runtime, Client, StageGate]:
+    runtime = build(**build_kwargs)
+    client = await serve(aiohttp_client, runtime, ServerConfig())
+    return runtime, client, StageGate(runtime, CIFAR, 1)
+
+
+def with_size(frame: bytes, width: int, height: int) -> bytes:
+    """`frame` (a baseline JPEG) with its start-of-frame header saying width x height."""
+    i = frame.index(b"\xff\xc0")
+    return frame[: i + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + frame[i + 9 :]
+
+
+# --- /v1/infer ------------------------------------------------------------------------------
+BAD_BODIES: list[tuple[bytes, str, int, str]] = [
+    (packb(infer_doc(b"")), "application/msgpack", 422, "payload.jpeg: expected an encoded image"),
+    (
+        json.dumps({"app": CIFAR, "payload": {"jpeg": ""}}).encode(),
+        "application/json",
+        422,
+        "payload.jpeg: expected an encoded image (JPEG), got 0 bytes",
+    ),
+    (
+        f'{{"app": "{CIFAR}", "deadline_ms": {HUGE_INT}, "payload": {{"jpeg": ""}}}}'.encode(),
+        "application/json",
+        422,
+        "deadline_ms: expected a number in (0, 600000]",
+    ),
+    (
+        f'{{"app": "{CIFAR}", "deadline_ms": {"9" * 5000}}}'.encode(),
+        "application/json",
+        400,
+        "body: expected a JSON document",
+    ),
+    (DEEP, "application/json", 400, "body: expected a JSON document"),
+    (
+        packb(infer_doc(with_size(small_jpeg(0), 10_000, 10_000))),
+        "application/msgpack",
+        422,
+        "payload.jpeg: expected at most 40 megapixels, got 10000x10000",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "content_type", "status", "message"), BAD_BODIES)
+@pytest.mark.asyncio
+async def test_hostile_bodies_get_one_sentence_and_spare_the_request_in_flight(
+    aiohttp_client: Any, body: bytes, content_type: str, status: int, message: str
+) -> None:
+    runtime, client, gate = await setup(aiohttp_client)
+    with gate:
+        async with good_request_in_flight(client, gate):
+            got, doc, _ = await post(client, body, content_type)
+            assert (got, doc["status"]) == (status, status), doc
+            assert doc["error"].startswith(message), doc
+            assert len(doc["error"]) < 400  # a sentence, not the input echoed back
+    assert counters(runtime) == ONLY_GOOD
+
+
+@pytest.mark.asyncio
+async def test_a_large_image_is_refused_after_decoding_when_its_header_does_not_say(
+    aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BMP's size is not read from its header here: the decoded image is checked instead."""
+    monkeypatch.setattr(server.inputs, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
+    ok, bmp = cv2.imencode(".bmp", synthetic_rgb(32, 32, 3))
+    assert ok and encoded_size(bmp.tobytes()) is None
+    _, client, _ = await setup(aiohttp_client)
+    status, doc = await infer(client, infer_doc(bmp.tobytes()))
+    assert status == 422 and doc["error"].endswith("got 32x32"), doc
+
+
+def test_encoded_size_reads_jpeg_and_png_headers() -> None:
+    rgb = synthetic_rgb(37, 53, 1)
+    progressive = cv2.imencode(".jpg", rgb, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    for frame in (jpeg(rgb), progressive, cv2.imencode(".png", rgb)[1].tobytes()):
+        assert encoded_size(frame) == (53, 37)
+    assert encoded_size(with_size(jpeg(rgb), 7000, 9)) == (7000, 9)
+    for other in (b"", b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", b"GIF89a", jpeg(rgb)[:20]):
+        assert encoded_size(other) is None
+
+
+@pytest.mark.asyncio
+async def test_features_whose_scale_would_overflow_the_model_are_400(
+    aiohttp_client: Any,
+) -> None:
+    runtime, client, gate = await setup(aiohttp_client)
+    features = {"position": 1, "shape": [16, 32, 32], "scale": 1e300, "zero_point": 0,
+                "codec": "raw", "data": b"\xff" * (16 * 32 * 32)}  # fmt: skip
+    with gate:
+        async with good_request_in_flight(client, gate):
+            status, doc = await infer(client, infer_doc(features))
+            assert status == 400
+            assert doc["error"] == (
+                f"payload.features.scale: expected a positive number up to {MAX_FEATURE_SCALE:g}"
+            )
+    assert counters(runtime) == ONLY_GOOD
+
+
+# --- automatic request ids ------------------------------------------------------------------
+def test_fresh_id_skips_the_ids_in_flight() -> None:
+    counter = itertools.count()
+    assert fresh_id(counter, {"r1", "r2"}) == "r0"
+    assert fresh_id(counter, {"r1", "r2"}) == "r3"
+
+
+@pytest.mark.asyncio
+async def test_a_request_without_an_id_never_collides_with_a_clients_own(
+    aiohttp_client: Any,
+) -> None:
+    """Clients chose "r0" and "r1", the ids the server would give next: a request that sends no
+    id is served under another, not refused 409."""
+    runtime, client, gate = await setup(aiohttp_client)
+    with gate:
+        async with good_request_in_flight(client, gate, request_id="r0"):
+            held = asyncio.create_task(infer(client, infer_doc(small_jpeg(1), request_id="r1")))
+            await wait_for(lambda: "r1" in runtime.pending, "r1 queued")
+            auto = asyncio.create_task(infer(client, infer_doc(small_jpeg(2))))
+            await wait_for(lambda: len(runtime.pending) == 3, "the request without an id queued")
+            assert set(runtime.pending) == {"r0", "r1", "r2"}
+        status, doc = await auto
+        assert (status, doc["status"], doc["request_id"]) == (200, "ok", "r2")
+        assert (await held)[1]["request_id"] == "r1"
+
+
+# --- outputs --------------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_an_input_that_overflows_the_model_is_422_not_nan(aiohttp_client: Any) -> None:
+    """Finite float32 inputs near float32's largest value overflow the first layers: the answer
+    says so (a NaN would make the JSON answer invalid)."""
+    runtime, client, _ = await setup(aiohttp_client)
+    x = {"name": "INPUT", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [3e38] * 3072}
+    async with client.post(f"/v2/models/{CIFAR}/infer", json={"inputs": [x]}) as resp:
+        assert resp.status == 422
+        assert NOT_FINITE in (await resp.json())["error"]
+    x["data"] = [0.5] * 3072
+    async with client.post(f"/v2/models/{CIFAR}/infer", json={"inputs": [x]}) as resp:
+        assert resp.status == 200
+        assert np.isfinite((await resp.json())["outputs"][0]["data"]).all()
+    assert counters(runtime) == {f"{CIFAR}/error": 1, f"{CIFAR}/ok": 1}
+
+
+# --- KServe v2 ------------------------------------------------------------------------------
+KSERVE_CASES: list[tuple[dict[str, Any], int, str]] = [
+    ({"data": ["0.5"] * 3072}, 400, "inputs[0].data: expected 3072 numbers"),
+    ({"data": [True] * 3072}, 400, "inputs[0].data: expected 3072 numbers"),
+    ({"data": [10**400] + [0] * 3071}, 400, "inputs[0].data: expected 3072 numbers"),
+    ({"data": [1e300] * 3072}, 422, "inputs[0].data: expected finite numbers"),
+    ({"datatype": "INT8"}, 400, "inputs[0].datatype: expected FP32, got 'INT8'"),
+    ({"shape": [10**400, 3, 32, 32]}, 422, "inputs[0].shape: expected at most 1000 samples"),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "message"), KSERVE_CASES)
+@pytest.mark.asyncio
+async def test_kserve_inputs_that_are_not_fp32_numbers_are_refused(
+    aiohttp_client: Any, change: dict[str, Any], status: int, message: str
+) -> None:
+    runtime, client, _ = await setup(aiohttp_client)
+    x = {"name": "INPUT", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}
+    body = json.dumps({"inputs": [{**x, **change}]})
+    async with client.post(
+        f"/v2/models/{CIFAR}/infer", data=body, headers={"Content-Type": "application/json"}
+    ) as resp:
+        doc = await resp.json()
+        assert resp.status == status, doc
+        assert doc["error"].startswith(message) and len(doc["error"]) < 400, doc
+    assert counters(runtime) == {}
+
+
+@pytest.mark.asyncio
+async def test_a_kserve_batch_refused_for_room_leaves_none_of_its_samples_queued(
+    aiohttp_client: Any,
+) -> None:
+    """Three samples where the queue has room for one: the request gets 503, and the sample
+    admitted before the others were refused is withdrawn, not run for nobody."""
+    runtime, client, gate = await setup(aiohttp_client, max_queued=3)
+    x = {"name": "INPUT", "datatype": "FP32", "shape": [3, 3, 32, 32], "data": [0.0] * 3 * 3072}
+    with gate:
+        async with good_request_in_flight(client, gate):
+            held = asyncio.create_task(infer(client, infer_doc(small_jpeg(1), request_id="held")))
+            await wait_for(lambda: len(runtime.pending) == 2, "two requests queued")
+            async with client.post(f"/v2/models/{CIFAR}/infer", json={"inputs": [x]}) as resp:
+                assert resp.status == 503
+                assert "the queue is full (3 requests)" in (await resp.json())["error"]
+            await wait_for(lambda: len(runtime.pending) == 2, "the batch's samples withdrawn")
+            assert set(runtime.pending) == {"good", "held"}
+        assert (await held)[0] == 200
+    # the sample admitted was still being decoded: withdrawn before it joined the queue
+    assert counters(runtime) == {f"{CIFAR}/ok": 2}
+
+
+# --- the WebSocket stream -------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_every_stream_message_is_answered_whatever_it_holds(aiohttp_client: Any) -> None:
+    runtime, client, _ = await setup(aiohttp_client)
+    ws = await client.ws_connect("/v1/stream")
+    await ws.send_bytes(packb(infer_doc(b"", request_id="empty")))
+    await ws.send_str(f'{{"app": "{CIFAR}", "request_id": "huge", "deadline_ms": {HUGE_INT}}}')
+    await ws.send_str(DEEP.decode())
+    frame = base64.b64encode(small_jpeg(0)).decode()
+    await ws.send_str(json.dumps({"app": CIFAR, "request_id": "good", "payload": {"jpeg": frame}}))
+    answers = {}
+    for _ in range(4):
+        msg = await asyncio.wait_for(ws.receive(), 30)
+        doc = json.loads(msg.data) if isinstance(msg.data, str) else msgpack.unpackb(msg.data)
+        answers[doc["request_id"]] = doc
+    await ws.close()
+    assert answers["good"]["status"] == "ok"
+    assert (answers["empty"]["code"], answers["huge"]["code"]) == (422, 422)
+    [deep] = [a for rid, a in answers.items() if rid not in ("good", "empty", "huge")]
+    assert (deep["status"], deep["code"]) == ("error", 400)
+    assert deep["error"].startswith("body: expected a JSON document")
+    assert counters(runtime) == {f"{CIFAR}/ok": 1}
+
+
+# --- paths, methods, Content-Types ----------------------------------------------------------
+@pytest.mark.asyncio
+async def test_unknown_paths_and_methods_are_one_json_sentence(aiohttp_client: Any) -> None:
+    _, client, _ = await setup(aiohttp_client)
+    cases = [
+        ("GET", "/v1/nope", 404, "path: expected one of /healthz, /metrics, /readyz, /v1/estimate"),
+        ("GET", "/v1/infer", 405, "method: expected POST for /v1/infer, got GET"),
+        ("DELETE", "/v1/status", 405, "method: expected GET, HEAD for /v1/status, got DELETE"),
+        ("GET", "/v1/stream", 400, "GET /v1/stream: No WebSocket UPGRADE hdr"),
+    ]
+    for method, path, status, message in cases:
+        async with client.request(method, path) as resp:
+            assert (resp.status, resp.content_type) == (status, "application/json"), path
+            doc = await resp.json()
+            assert doc["status"] == status and doc["error"].startswith(message), doc
+
+
+@pytest.mark.asyncio
+async def test_a_body_of_another_content_type_is_refused_in_json(aiohttp_client: Any) -> None:
+    _, client, _ = await setup(aiohttp_client)
+    for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+        status, doc, _ = await post(client, b'{"app": "x"}', ctype)
+        assert status == 415 and isinstance(doc, dict), doc
+        assert doc["error"].startswith("Content-Type: expected application/msgpack or")
