@@ -38,6 +38,7 @@ BUNDLED_TRACE = (
     / "AzureLLMInferenceTrace_code.csv"
 )
 DEMO_PROFILE = "googlenet-v3-pytorch-V100"
+DEMO_SIM_RATES = "25:500:25"  # req/s, `layerbatch demo --sim`
 ONE_GROUP_PER_STAGE = 10**6  # G at least any model's stage count: the layer-unit form
 
 
@@ -50,7 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_pipeline_plan(pipeline_plan_parser().parse_args(args[2:]))
         if args[:2] == ["pipeline", "sim"]:
             return cmd_pipeline_sim(pipeline_sim_parser().parse_args(args[2:]))
-        ns = parser().parse_args(args)
+        ns, unknown = parser().parse_known_args(args)
+        if unknown:  # argparse would point at the top-level help; the verb's says more
+            where = f"layerbatch {ns.verb}" if ns.verb else "layerbatch"
+            raise UsageError(
+                f"layerbatch: unrecognized arguments: {' '.join(unknown)} (see {where} --help)"
+            )
         if ns.verb is None:
             parser().print_help()
             return 2
@@ -85,24 +91,30 @@ def parser() -> argparse.ArgumentParser:
         "--rate",
         type=_positive_floats,
         default=None,
-        help="offered load, req/s: one or a comma list (default 30,60,90,120,150)",
+        help="offered load, req/s: one or a comma list (default 30,60,90,120,150; "
+        f"--sim: {DEMO_SIM_RATES})",
     )
     demo.add_argument(
         "--duration",
         type=_positive_float,
-        default=6.0,
-        help="seconds per policy at each rate (default 6)",
+        default=None,
+        help="seconds per policy at each rate (default 6; not with --sim)",
     )
     demo.add_argument(
-        "--deadline-ms", type=_positive_float, default=300.0, help="deadline (default 300)"
+        "--deadline-ms",
+        type=_positive_float,
+        default=None,
+        help="deadline (default 300; --sim: 150)",
     )
     demo.add_argument(
         "--requests",
         type=_positive_int,
-        default=1500,
+        default=None,
         help="--sim: requests per simulated rate (default 1500)",
     )
-    demo.add_argument("--plot", default=None, help="where to draw the comparison")
+    demo.add_argument(
+        "--plot", type=_plot_file, default=None, help="where to draw the comparison (.png, .svg)"
+    )
     demo.set_defaults(func=cmd_demo)
 
     sch = sub.add_parser("schedule", help="plan one snapshot of requests with one policy")
@@ -148,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=_port, default=8080)
     srv.add_argument(
         "--profiles",
+        type=_folder,
         default=None,
         help="folder of {model}-cpu.json profiles; missing ones are measured there",
     )
@@ -227,9 +240,14 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument("--rate", type=_positive_float, default=None, help="--arrival poisson: req/s")
     cli.add_argument("--offload", choices=("none", "local", "binary", "partial"), default="binary")
     cli.add_argument(
-        "--uplink-offset-s", type=float, default=0.0, help="start the traces here (default 0)"
+        "--uplink-offset-s",
+        type=_non_negative_float,
+        default=0.0,
+        help="start the traces here (default 0)",
     )
-    cli.add_argument("--plot", default=None, help="PNG: latency CDF and decisions over time")
+    cli.add_argument(
+        "--plot", type=_plot_file, default=None, help="PNG: latency CDF and decisions over time"
+    )
     cli.set_defaults(func=cmd_client)
 
     gen = sub.add_parser("loadgen", help="many simulated clients against a server (--sweep: N)")
@@ -242,7 +260,9 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--sweep", action="store_true", help="each N of --clients, for none, binary and partial"
     )
-    gen.add_argument("--plot", default=None, help="--sweep: PNG of on-time ratio against N")
+    gen.add_argument(
+        "--plot", type=_plot_file, default=None, help="--sweep: PNG of on-time ratio against N"
+    )
     gen.set_defaults(func=cmd_loadgen)
 
     shell = sub.add_parser("linkshell", help="a TCP proxy pacing bytes by LTE/WiFi traces")
@@ -287,6 +307,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "pipeline",
         help="split models across pools of mixed GPUs (PPipe): `pipeline plan|sim ...`",
+        description="Split models across pools of mixed GPUs (PPipe). Two verbs: "
+        "`layerbatch pipeline plan` (the MILP: which blocks on which GPUs) and "
+        "`layerbatch pipeline sim` (a plan's data plane, simulated); each has --help.",
     ).set_defaults(
         func=lambda ns: _usage("layerbatch pipeline plan --help, or layerbatch pipeline sim --help")
     )
@@ -314,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         help="timed runs per stage and batch size (median kept)",
     )
-    meas.add_argument("--warmup", type=int, default=2)
+    meas.add_argument("--warmup", type=_non_negative_int, default=2)
     meas.add_argument(
         "--max-batch",
         type=_positive_int,
@@ -340,7 +363,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check that the stages compute what the whole model does",
     )
-    meas.add_argument("--out", required=True, help="where to write the layerbatch.profile/1 JSON")
+    meas.add_argument(
+        "--out",
+        type=_output_file,
+        required=True,
+        help="where to write the layerbatch.profile/1 JSON",
+    )
     meas.set_defaults(func=cmd_profile)
 
     models = sub.add_parser("models", help="list the models layerexec can load")
@@ -376,13 +404,18 @@ def capacity_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.add_argument(
-        "--plot", default=None, help="PNG: on-time ratio and mean completion against rate"
+        "--plot",
+        type=_plot_file,
+        default=None,
+        help="PNG: on-time ratio and mean completion against rate",
     )
     return p
 
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", default="http://127.0.0.1:8080", help="the edge server's URL")
+    p.add_argument(
+        "--server", type=_server_url, default="http://127.0.0.1:8080", help="the edge server's URL"
+    )
     p.add_argument("--app", default="resnet18", help="the app (a model name) to run")
     p.add_argument(
         "--source", default=None, help="video file, or 'synthetic' (default: the bundled clip)"
@@ -405,8 +438,13 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--client-threads", type=_positive_int, default=1, help="torch threads")
     p.add_argument("--duration", type=_positive_float, default=20.0, help="seconds (default 20)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json-out", default=None, help="write summary and per-frame records here")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument(
+        "--json-out",
+        type=_output_file,
+        default=None,
+        help="write summary and per-frame records here",
+    )
 
 
 def pipeline_plan_parser() -> argparse.ArgumentParser:
@@ -469,7 +507,10 @@ def pipeline_sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", required=True, help="the cluster JSON the plan was made for")
     p.add_argument("--slo-ms", type=_positive_float, required=True, help="the plan's SLO")
     p.add_argument(
-        "--load-factor", type=_positive_float, default=0.9, help="rate / plan throughput (0.9)"
+        "--load-factor",
+        type=_positive_float,
+        default=None,
+        help="rate / plan throughput (0.9; not with --sweep)",
     )
     p.add_argument("--sweep", action="store_true", help="load factors 0.05..1.0 step 0.05")
     p.add_argument("--arrival", choices=("poisson", "trace"), default="poisson")
@@ -478,7 +519,7 @@ def pipeline_sim_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy", choices=("ppipe", "reactive"), default="ppipe")
     p.add_argument("--duration-s", type=_positive_float, default=30.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
         "--noise-sigma",
         type=_non_negative_float,
@@ -566,7 +607,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         default=150.0,
         help="deadline after arrival (default 150)",
     )
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=_non_negative_int, default=1)
     p.add_argument(
         "--groups", type=_groups, default=None, help="layer groups G (default 5), or 'layer'"
     )
@@ -578,7 +619,12 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line naming the flag (no usage dump), exit status 2."""
+    """argparse, but a bad flag is one line naming the flag (no usage dump), exit status 2, and
+    a flag is only ever its whole name (argparse would read `--profile` as `--profiles`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"layerbatch: {message} (see {self.prog} --help)")
@@ -592,6 +638,61 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text) if text.isascii() and text.isdigit() else -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _output_file(text: str) -> Path:
+    """A file to write when the work is done, checked before it starts: not a folder, and under
+    a folder that exists or can be made, where this user may write."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
+    ancestor = next(a for a in path.absolute().parents if a.exists())
+    if not (ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK)):
+        raise argparse.ArgumentTypeError(
+            f"expected a file in a folder this user can write, got {text!r}"
+        )
+    return path
+
+
+def _plot_file(text: str) -> Path:
+    if Path(text).suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"expected a picture file ending {', '.join(PLOT_SUFFIXES)}, got {text!r}"
+        )
+    return _output_file(text)
+
+
+def _folder(text: str) -> Path:
+    """A folder, made if missing."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, got the file {text!r}")
+    return path
+
+
+def _server_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(text)
+        port = url.port
+    except ValueError:
+        url, port = None, None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname or port == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected an http:// or https:// URL with a host (and port 1-65535), got {text!r}"
+        )
+    return text
 
 
 def _port(text: str) -> int:
@@ -716,6 +817,8 @@ def _trace(ns: argparse.Namespace) -> Any:
     from traces.arrivals import load_timestamps
 
     if ns.arrival != "recorded":
+        if ns.trace is not None:
+            raise UsageError("layerbatch: --trace gives the arrivals of --arrival recorded only")
         return None
     return load_timestamps(ns.trace or BUNDLED_TRACE)
 
@@ -728,11 +831,35 @@ def _mix(ns: argparse.Namespace, d: Any, named: list[Any]) -> dict[str, float]:
     return parse_mix(ns.mix, d)
 
 
+def _exact_only_for_dp(exact: bool, policies: Sequence[str]) -> None:
+    if exact and not any(p in DP_POLICIES for p in policies):
+        raise UsageError(
+            f"layerbatch: --exact is the per-request form of {' and '.join(DP_POLICIES)}; "
+            f"not with {', '.join(policies)}"
+        )
+
+
+def _simulated_policies_take(ns: argparse.Namespace, policies: Sequence[str]) -> None:
+    """--exact and --admission-share only where some policy simulated uses them."""
+    from scheduler.policies import DROPS_LATE
+
+    _exact_only_for_dp(ns.exact, policies)
+    if ns.admission_share is not None and not any(p in DROPS_LATE for p in policies):
+        raise UsageError(
+            "layerbatch: --admission-share is the door of policies that drop late requests "
+            f"({', '.join(sorted(DROPS_LATE))}); not with {', '.join(policies)}"
+        )
+
+
+DP_POLICIES = ("dp-time", "dp-tardy")
+
+
 # --- verbs ----------------------------------------------------------------------------------
 def cmd_schedule(ns: argparse.Namespace) -> int:
     from scheduler.policies import make_policy
     from scheduler.snapshot import load_state, plan_to_json
 
+    _exact_only_for_dp(ns.exact, [ns.policy])
     profiles, apps, _ = _deployment_inputs(ns)
     snap = load_state(ns.state, profiles, apps, ns.groups, ns.max_batch)
     policy = make_policy(ns.policy, exact=ns.exact)
@@ -766,6 +893,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
     from sim.simulator import simulate
     from sim.workload import make_workload
 
+    _simulated_policies_take(ns, [ns.policy])
     d, named = _build(ns)
     w = make_workload(
         d,
@@ -820,6 +948,7 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
         raise InputError(
             "--policies", "", f"a comma list of {', '.join(POLICY_CHOICES)}", ns.policies
         )
+    _simulated_policies_take(ns, policies)
     if ns.requests < 1:
         raise InputError("--requests", "", "a positive number of requests", ns.requests)
     rates = parse_rates(ns.rates)
@@ -889,7 +1018,13 @@ def print_capacity(doc: dict[str, Any]) -> None:
 
 def cmd_demo(ns: argparse.Namespace) -> int:
     if not ns.sim:
+        if ns.requests is not None:
+            raise UsageError("layerbatch: --requests counts simulated requests: give it with --sim")
         return server_demo(ns)
+    if ns.duration is not None:
+        raise UsageError("layerbatch: --duration is the server demo's: not with --sim")
+    deadline_ms = ns.deadline_ms or 150.0
+    rates = ",".join(f"{r:g}" for r in sorted(set(ns.rate))) if ns.rate else DEMO_SIM_RATES
     args = capacity_parser().parse_args(
         [
             "--profile",
@@ -897,19 +1032,19 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             "--policies",
             ",".join(POLICY_CHOICES),
             "--rates",
-            "25:500:25",
+            rates,
             "--requests",
-            str(ns.requests),
+            str(ns.requests or 1500),
             "--deadline-ms",
-            "150",
+            f"{deadline_ms!r}",
             "--plot",
-            ns.plot or "out/demo-capacity.png",
+            str(ns.plot or "out/demo-capacity.png"),
         ]
     )
     print(
         "layerbatch demo: the simulator runs every policy against the measured V100 block timings"
     )
-    print(f"of {DEMO_PROFILE} (PPipe, TensorRT), Poisson arrivals, deadline 150 ms.\n")
+    print(f"of {DEMO_PROFILE} (PPipe, TensorRT), Poisson arrivals, deadline {deadline_ms:g} ms.\n")
     print_capacity(run_capacity(args, progress=True))
     return 0
 
@@ -919,13 +1054,14 @@ def server_demo(ns: argparse.Namespace) -> int:
 
     plot = ns.plot or "out/demo-server.png"
     rates = sorted(set(ns.rate or DEMO_RATES_RPS))
+    duration_s, deadline_ms = ns.duration or 6.0, ns.deadline_ms or 300.0
     print(f"layerbatch demo: the server on this machine ({os.cpu_count()} cores) serving")
     print(f"{', '.join(DEMO_APPS)}; the built-in load generator sends real video frames as JPEG")
     print(
-        f"at {', '.join(f'{r:g}' for r in rates)} req/s (Poisson), deadline {ns.deadline_ms:g} ms, "
-        f"{ns.duration:g} s per policy at each rate.\n"
+        f"at {', '.join(f'{r:g}' for r in rates)} req/s (Poisson), deadline {deadline_ms:g} ms, "
+        f"{duration_s:g} s per policy at each rate.\n"
     )
-    rows = run_demo(rates_rps=rates, duration_s=ns.duration, deadline_ms=ns.deadline_ms, plot=plot)
+    rows = run_demo(rates_rps=rates, duration_s=duration_s, deadline_ms=deadline_ms, plot=plot)
     print(format_table(rows))
     table = Path(plot).with_suffix(".json")
     table.write_text(json.dumps(rows, indent=1) + "\n")
@@ -1027,6 +1163,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         return bar.update
 
     apps = [a.strip() for a in ns.apps.split(",") if a.strip()] if ns.apps else list(DEFAULT_APPS)
+    if len(set(apps)) < len(apps):
+        raise InputError("--apps", "", "a comma list of models, each once", ns.apps)
+    if ns.admin_token == "":
+        raise InputError("--admin-token", "", "a non-empty token (or no --admin-token)", "")
     check_port_free(ns.host, ns.port)  # before the models load, which takes a while
     print(f"loading {', '.join(apps)} ...", file=sys.stderr)
     threads = ns.threads or max(1, ((os.cpu_count() or 2) - 1) // ns.replicas)
@@ -1104,6 +1244,8 @@ def cmd_loadgen(ns: argparse.Namespace) -> int:
         raise UsageError(
             "layerbatch loadgen: --clients: expected one number (a list needs --sweep)"
         )
+    if ns.plot and not ns.sweep:
+        raise UsageError("layerbatch loadgen: --plot draws a --sweep: give both, or neither")
     return loadgen_command(ns)
 
 
@@ -1221,14 +1363,14 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
         doc = plan.to_json()
         if ns.json:
             print(json.dumps(doc, indent=1))
-            return 0
+            return _found(doc["throughput_rps"], doc["status"], ns.time_limit_s)
         gap = "-" if plan.gap is None else f"{plan.gap:.2g}"
         print(
             f"{names[0]} ({ns.system}): {doc['throughput_rps']:.1f} req/s, {doc['status']}, "
             f"gap {gap}, solved in {doc['solve_s']:.2f} s"
         )
         show(doc["pipelines"])
-        return 0
+        return _found(doc["throughput_rps"], doc["status"], ns.time_limit_s)
     workloads = [Workload(m, shares[m.model], slo[m.model]) for m in models]
     with solver_prints_to_stderr():
         many = solve_models(
@@ -1237,7 +1379,7 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
         )  # fmt: skip
     if ns.json:
         print(json.dumps(many.to_json(), indent=1))
-        return 0
+        return _found(many.normalized_rps, many.status, ns.time_limit_s)
     print(
         f"{len(models)} models ({ns.system}): smallest throughput / share "
         f"{many.normalized_rps:.1f} req/s, total {many.throughput_rps:.1f} req/s, "
@@ -1250,7 +1392,16 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
             f"{entry.plan.throughput_rps:.1f} req/s"
         )
         show(entry.plan.to_json()["pipelines"])
-    return 0
+    return _found(many.normalized_rps, many.status, ns.time_limit_s)
+
+
+def _found(served_rps: float, status: str, time_limit_s: float | None) -> int:
+    """0 if the plan serves every model; else 1, after saying so (an empty plan is no plan)."""
+    if served_rps > 0:
+        return 0
+    within = f" within --time-limit-s {time_limit_s:g}" if time_limit_s is not None else ""
+    print(f"layerbatch: no plan serves every model{within} (solver: {status})", file=sys.stderr)
+    return 1
 
 
 def _ppipe_profiles(folder: str | None, model: str, cluster: Cluster) -> ModelProfiles:
@@ -1278,6 +1429,10 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
     from sim.pipeline_plane import PlaneConfig, load_factor_sweep, run_plane
     from traces.arrivals import load_timestamps
 
+    if ns.trace is not None and ns.arrival != "trace":
+        raise UsageError("layerbatch: --trace gives the arrivals of --arrival trace only")
+    if ns.sweep and ns.load_factor is not None:
+        raise UsageError("layerbatch: --sweep runs load factors 0.05..1.0: not with --load-factor")
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
     profiles = _ppipe_profiles(ns.profiles, ns.model, cluster)
     plan = plan_from_json(read_json(ns.plan, "pipeline plan"), profiles, cluster, ns.plan)
@@ -1305,7 +1460,7 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
         print(f"highest load factor with attainment >= 0.99: {best}")
         return 0
     res = run_plane(
-        profiles, cluster, plan, ns.slo_ms, ns.policy, ns.arrival, ns.load_factor,
+        profiles, cluster, plan, ns.slo_ms, ns.policy, ns.arrival, ns.load_factor or 0.9,
         ns.duration_s, rng, trace_s=trace, config=config,
     )  # fmt: skip
     if ns.json:

@@ -26,6 +26,7 @@ from layerexec import zoo
 from traces.network import Link, LinkTrace, resolve_trace
 
 REPLAY_FRAMES = 8  # distinct frames whose feature maps the simulated clients send
+HEALTH_TIMEOUT_S = 5.0  # how long the server has to answer before a run
 
 
 def _say(message: str) -> None:
@@ -65,17 +66,40 @@ def _describe_device(device: TorchDevice, frames: Sequence[Frame]) -> None:
     )
 
 
-def _checked_inputs(ns: argparse.Namespace, verb: str) -> Any:
-    """`_inputs`, or None after saying in one line what is wrong."""
+def _checked_inputs(ns: argparse.Namespace, verb: str, measures_server: bool) -> Any:
+    """`_inputs`, or None after saying in one line what is wrong. A run that `measures_server`
+    needs it to answer first: a client runs its frames locally while its server is away (and
+    says so once), but a load test of a server that is not there would measure nothing."""
     try:
-        return _inputs(ns)
+        inputs = _inputs(ns)
     except ValueError as exc:
         print(f"layerbatch {verb}: {exc}", file=sys.stderr)
         return None
+    why = asyncio.run(_unreachable(ns.server)) if measures_server else None
+    if why is not None:
+        print(
+            f"layerbatch {verb}: --server: could not reach {ns.server} ({why}); expected a "
+            "running `layerbatch serve`",
+            file=sys.stderr,
+        )
+        return None
+    return inputs
+
+
+async def _unreachable(server: str) -> str | None:
+    """None when `server` answers GET /healthz; else why not, in a few words."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as s,
+            s.get(server.rstrip("/") + "/healthz") as resp,
+        ):
+            return None if resp.status == 200 else f"/healthz answered {resp.status}"
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return str(exc) or type(exc).__name__
 
 
 def client_command(ns: argparse.Namespace) -> int:
-    inputs = _checked_inputs(ns, "client")
+    inputs = _checked_inputs(ns, "client", measures_server=False)
     if inputs is None:
         return 2
     model, frames, uplink, downlink = inputs
@@ -129,7 +153,7 @@ async def _client(
 
 
 def loadgen_command(ns: argparse.Namespace) -> int:
-    inputs = _checked_inputs(ns, "loadgen")
+    inputs = _checked_inputs(ns, "loadgen", measures_server=True)
     if inputs is None:
         return 2
     model, frames, uplink, downlink = inputs

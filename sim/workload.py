@@ -35,6 +35,8 @@ def parse_mix(text: str | None, deployment: Deployment) -> dict[str, float]:
             raise InputError(
                 "--mix", part, f"app=share with app one of {', '.join(sorted(deployment.apps))}"
             )
+        if name in shares:
+            raise InputError("--mix", part, "each app once", name)
         try:
             share = float(value)
         except ValueError:

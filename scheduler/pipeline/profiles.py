@@ -190,12 +190,12 @@ def load_model_profiles(
         path.stem.rsplit("-", 2)[0] == model for path in timing_dir.glob(f"{model}-*.csv")
     ):
         known = available_models(profiles_dir)
-        raise InputError(
-            str(timing_dir),
-            "model",
-            f"a model with block profiles (one of {', '.join(known) or 'none'})",
-            model,
+        expected = (
+            f"a model with block profiles (one of {', '.join(known)})"
+            if known
+            else "a folder of PPipe block timings, {model}-{gpu}-{mps}.csv (it holds none)"
         )
+        raise InputError(str(timing_dir), "model", expected, model)
     profiled = {gpu for gpu, _ in tables}
     for gpu in gpus or ():
         if gpu not in profiled:

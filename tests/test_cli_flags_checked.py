@@ -1,0 +1,196 @@
+"""Flags checked before any work: seeds, output files, folders, URLs, flags that only mean
+something beside another one, and flags argparse would otherwise guess from a prefix. Each
+refusal is exit status 2 with one line naming the flag (`layerbatch.main` in process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import layerbatch
+from tests.server_cases import free_port
+
+GOOGLENET = "googlenet-v3-pytorch-V100"  # a shipped profile, by name
+CIFAR = "resnet20_cifar10"
+FAST_CLIENT = ["--app", CIFAR, "--source", "synthetic", "--frames", "2", "--duration", "1"]
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one line on stderr of a command that must exit 2 having printed nothing else."""
+    code = layerbatch.main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sim", "--profile", GOOGLENET, "--requests", "10"],
+        ["sim", "capacity", "--profile", GOOGLENET, "--requests", "10", "--rates", "10"],
+        ["pipeline", "sim", "--plan", "p.json", "--cluster", "c.json", "--slo-ms", "100"],
+        ["client", *FAST_CLIENT],
+    ],
+)
+def test_a_negative_seed_is_refused_naming_it(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    line = refused(capsys, *argv, "--seed", "-1")
+    assert "argument --seed: expected a non-negative integer, got '-1'" in line
+
+
+def test_a_plot_matplotlib_cannot_write_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "out.txt"
+    line = refused(
+        capsys, "sim", "capacity", "--profile", GOOGLENET, "--rates", "10", "--plot", str(out)
+    )
+    assert "argument --plot: expected a picture file ending .png, .svg, .pdf" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["client", *FAST_CLIENT, "--offload", "local", "--json-out", "{dir}"],
+        ["profile", "--model", CIFAR, "--out", "{dir}"],
+        ["demo", "--plot", "{dir}/"],
+    ],
+)
+def test_an_output_file_that_is_a_folder_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str]
+) -> None:
+    line = refused(capsys, *(a.replace("{dir}", str(tmp_path)) for a in argv))
+    assert "expected a " in line and str(tmp_path) in line
+
+
+def test_an_output_file_in_a_read_only_folder_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        if layerbatch.os.access(locked, layerbatch.os.W_OK):
+            pytest.skip("this user writes anywhere (root)")
+        line = refused(capsys, "profile", "--model", CIFAR, "--out", str(locked / "p.json"))
+        assert "argument --out: expected a file in a folder this user can write" in line
+    finally:
+        locked.chmod(0o700)
+
+
+def test_serve_profiles_must_be_a_folder(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    state = tmp_path / "state.json"
+    state.write_text("{}")
+    line = refused(capsys, "serve", "--apps", CIFAR, "--profiles", str(state))
+    assert f"argument --profiles: expected a folder, got the file '{state}'" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "verb"),
+    [
+        (["serve", "--apps", CIFAR, "--profile", "x"], "serve"),  # not --profiles
+        (["sim", "--profile", GOOGLENET, "--rates", "5"], "sim"),  # --rates is capacity's
+        (["sim", "capcity", "--profile", GOOGLENET], "sim"),
+    ],
+)
+def test_a_prefix_or_unknown_flag_is_refused_pointing_at_the_verbs_help(
+    capsys: pytest.CaptureFixture[str], argv: list[str], verb: str
+) -> None:
+    line = refused(capsys, *argv)
+    assert "unrecognized arguments" in line and f"(see layerbatch {verb} --help)" in line
+
+
+def test_sim_capacity_takes_no_prefix_of_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, "sim", "capacity", "--profile", GOOGLENET, "--rate", "5")
+    assert "unrecognized arguments: --rate 5" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sim", "--profile", GOOGLENET, "--trace", "t.csv"], "--trace gives the arrivals of"),
+        (
+            ["sim", "--profile", GOOGLENET, "--policy", "dp-time", "--admission-share", "0.5"],
+            "--admission-share is the door of policies that drop late requests (dp-tardy)",
+        ),
+        (
+            ["sim", "capacity", "--profile", GOOGLENET, "--policies", "edf", "--exact"],
+            "--exact is the per-request form of dp-time and dp-tardy; not with edf",
+        ),
+        (
+            ["sim", "--profile", GOOGLENET, "--mix", "googlenet-v3-pytorch=1,googlenet-v3-pytorch=2"],
+            "expected each app once",
+        ),
+        (["demo", "--requests", "10"], "--requests counts simulated requests"),
+        (["demo", "--sim", "--duration", "3"], "--duration is the server demo's"),
+        (["loadgen", "--plot", "x.png"], "--plot draws a --sweep"),
+        (["serve", "--apps", f"{CIFAR},{CIFAR}"], "expected a comma list of models, each once"),
+        (["serve", "--apps", CIFAR, "--admin-token", ""], "expected a non-empty token"),
+        (
+            ["pipeline", "sim", "--plan", "p", "--cluster", "c", "--slo-ms", "9", "--trace", "t"],
+            "--trace gives the arrivals of --arrival trace only",
+        ),
+        (
+            ["pipeline", "sim", "--plan", "p", "--cluster", "c", "--slo-ms", "9", "--sweep",
+             "--load-factor", "0.5"],
+            "--sweep runs load factors 0.05..1.0: not with --load-factor",
+        ),
+        (["client", *FAST_CLIENT, "--server", "notaurl"], "argument --server: expected an http"),
+        (
+            ["client", *FAST_CLIENT, "--server", "http://127.0.0.1:99999"],
+            "argument --server: expected an http",
+        ),
+        (["client", *FAST_CLIENT, "--uplink-offset-s", "-1"], "argument --uplink-offset-s"),
+        (["profile", "--model", CIFAR, "--out", "p.json", "--warmup", "-1"], "argument --warmup"),
+    ],
+)  # fmt: skip
+def test_flags_that_mean_nothing_here_are_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in refused(capsys, *argv)
+
+
+def test_a_load_test_needs_its_server_to_answer_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """(A mobile client runs its frames locally instead: test_client_e2e.)"""
+    url = f"http://127.0.0.1:{free_port()}"
+    line = refused(capsys, "loadgen", *FAST_CLIENT, "--server", url)
+    assert line.startswith(f"layerbatch loadgen: --server: could not reach {url}")
+    assert line.endswith("expected a running `layerbatch serve`")
+
+
+def test_demo_sim_runs_at_the_rates_and_deadline_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plot = tmp_path / "d.png"
+    code = layerbatch.main(
+        ["demo", "--sim", "--requests", "40", "--rate", "100,50", "--deadline-ms", "40",
+         "--plot", str(plot)]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and plot.exists()
+    assert "Poisson arrivals, deadline 40 ms." in out
+    rows = out[out.index("policy      capacity") :].splitlines()[1:-1]  # up to "plot: ..."
+    assert len(rows) == len(layerbatch.POLICY_CHOICES)
+    assert {row.split()[1] for row in rows} <= {"50", "100", "none"}  # only the rates given
+
+
+def test_pipeline_help_names_its_two_verbs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        layerbatch.main(["pipeline", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "`layerbatch pipeline plan`" in out and "`layerbatch pipeline sim`" in out
+
+
+def test_an_empty_pipeline_plan_exits_1_saying_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert layerbatch._found(12.5, "optimal", None) == 0
+    assert layerbatch._found(0.0, "time_limit", 5.0) == 1
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "layerbatch: no plan serves every model within --time-limit-s 5 (solver: time_limit)\n"
+    )
