@@ -1436,6 +1436,12 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
     profiles = _ppipe_profiles(ns.profiles, ns.model, cluster)
     plan = plan_from_json(read_json(ns.plan, "pipeline plan"), profiles, cluster, ns.plan)
+    if plan.slo_ms is not None and not math.isclose(plan.slo_ms, ns.slo_ms):
+        print(
+            f"layerbatch: note: {ns.plan} was planned for an SLO of {plan.slo_ms:g} ms; "
+            f"simulating it at --slo-ms {ns.slo_ms:g}",
+            file=sys.stderr,
+        )
     trace = load_timestamps(ns.trace or BUNDLED_TRACE) if ns.arrival == "trace" else None
     config = PlaneConfig(noise_sigma=ns.noise_sigma)
     rng = np.random.default_rng(ns.seed)

@@ -8,6 +8,11 @@ sizes. `Profile.latency_ms(stage, b)` is defined for every integer b >= 0:
   - b above the largest measured size, up to `max_batch`: linear extrapolation from the last two
     measured points (never below the last measured latency);
   - b > `max_batch`: +inf (the batch does not fit).
+
+Loading guarantees every measured latency lies in [0, MAX_LATENCY_MS] (one hour), every batch
+size, measured or `max_batch`, in [1, MAX_BATCH] and every stacking slowdown in
+(0, MAX_SLOWDOWN], so sums and squares of latencies over a whole model stay far from float
+overflow and latency tables up to `max_batch` stay small.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from scheduler.errors import InputError
 from scheduler.validate import int_list, is_int, is_number, json_object, nonempty_str, read_json
 
 FORMAT = "layerbatch.profile/1"
+MAX_LATENCY_MS = 3_600_000.0  # one hour: the largest stage latency a profile may hold
+MAX_BATCH = 4096  # the largest batch size (measured or max_batch) a profile may name
+MAX_SLOWDOWN = 1000.0  # the largest stacking slowdown factor a profile may hold
 
 
 @dataclass(frozen=True)
@@ -232,9 +240,11 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
         raise InputError(source, "batch_sizes", "a non-empty list of batch sizes", sizes)
     if any(b1 <= b0 for b0, b1 in itertools.pairwise(sizes)):
         raise InputError(source, "batch_sizes", "strictly increasing batch sizes", sizes)
+    if sizes[-1] > MAX_BATCH:
+        raise InputError(source, "batch_sizes", f"batch sizes of at most {MAX_BATCH}", sizes[-1])
     max_batch = d.get("max_batch")
-    if not is_int(max_batch) or max_batch < 1:
-        raise InputError(source, "max_batch", "a positive integer", max_batch)
+    if not is_int(max_batch) or not 1 <= max_batch <= MAX_BATCH:
+        raise InputError(source, "max_batch", f"an integer from 1 to {MAX_BATCH}", max_batch)
     raw_stages = d.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
         raise InputError(source, "stages", "a non-empty list of stages", raw_stages)
@@ -254,6 +264,14 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
                 f"{len(sizes)} finite non-negative numbers (one per batch size)",
                 lat,
             )
+        for i, x in enumerate(lat):
+            if x > MAX_LATENCY_MS:
+                raise InputError(
+                    source,
+                    f"{where}.latency_ms[{i}]",
+                    f"a latency of at most {MAX_LATENCY_MS:.0f} ms (one hour)",
+                    x,
+                )
         out_shape = s.get("out_shape")
         shape_t = (
             None
@@ -280,8 +298,13 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
     slowdown: dict[str, float] = {}
     for other, entry in stacking.items():
         factor = entry.get("slowdown") if isinstance(entry, dict) else None
-        if not is_number(factor) or not math.isfinite(factor) or factor <= 0:
-            raise InputError(source, f"stacking.{other}.slowdown", "a positive number", factor)
+        if not is_number(factor) or not 0 < factor <= MAX_SLOWDOWN:
+            raise InputError(
+                source,
+                f"stacking.{other}.slowdown",
+                f"a positive factor of at most {MAX_SLOWDOWN:g}",
+                factor,
+            )
         slowdown[other] = float(factor)
     return Profile(
         model=model,

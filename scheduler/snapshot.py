@@ -6,6 +6,10 @@ state.json: {"now_ms": 0.0, "max_batch": 16, "groups": null,
                            "arrival_ms": -12.5, "deadline_ms": 150.0}]}
 `arrival_ms` and `deadline_ms` are absolute times on the clock of `now_ms`; a null or missing
 deadline means none. `max_batch` and `groups` may be null or missing (profile bounds, G = 5).
+
+`load_state` guarantees: no key outside STATE_KEYS (top level) and REQUEST_KEYS (each request)
+is accepted, so a misspelt key is refused by name rather than ignored; every request arrived at
+or before `now_ms` and its deadline (if any) is not before its arrival.
 """
 
 from __future__ import annotations
@@ -21,7 +25,17 @@ from scheduler.errors import InputError
 from scheduler.profile import Profile
 from scheduler.state import SchedulerState
 from scheduler.types import App, Plan, Request
-from scheduler.validate import is_int, is_number, json_object, nonempty_str, read_json
+from scheduler.validate import (
+    is_int,
+    is_number,
+    json_object,
+    known_keys,
+    nonempty_str,
+    read_json,
+)
+
+STATE_KEYS = ("now_ms", "max_batch", "groups", "requests")
+REQUEST_KEYS = ("id", "app", "position", "arrival_ms", "deadline_ms")
 
 
 def load_apps(path: str | Path) -> list[App]:
@@ -41,7 +55,8 @@ def load_apps(path: str | Path) -> list[App]:
 
 
 def with_model_apps(profiles: Sequence[Profile], apps: Sequence[App]) -> list[App]:
-    """The given apps plus one app per model named after it (unless an app already has that name)."""
+    """The given apps plus one app per model named after it (unless an app already has that
+    name)."""
     names = {a.name for a in apps}
     return list(apps) + [App(p.model, (p.model,)) for p in profiles if p.model not in names]
 
@@ -63,6 +78,7 @@ def load_state(
     command line) override the file's values."""
     source = str(path)
     doc = json_object(read_json(path, "state"), source, "")
+    known_keys(doc, STATE_KEYS, source, "")
     now = doc.get("now_ms")
     if not is_number(now) or not math.isfinite(now):
         raise InputError(source, "now_ms", "a finite number (ms)", now)
@@ -81,12 +97,14 @@ def load_state(
         raise InputError(source, "requests", "a list of requests", type(raw).__name__)
     state = SchedulerState(deployment)
     for i, item in enumerate(raw):
-        state.add(_request(item, source, f"requests[{i}]"), f"{source}: requests[{i}]")
+        request = _request(item, source, f"requests[{i}]", float(now))
+        state.add(request, f"{source}: requests[{i}]")
     return Snapshot(state, float(now))
 
 
-def _request(item: object, source: str, where: str) -> Request:
+def _request(item: object, source: str, where: str, now_ms: float) -> Request:
     r = json_object(item, source, where)
+    known_keys(r, REQUEST_KEYS, source, where)
     rid = nonempty_str(r.get("id"), source, f"{where}.id")
     app = nonempty_str(r.get("app"), source, f"{where}.app")
     pos = r.get("position", 0)
@@ -95,11 +113,25 @@ def _request(item: object, source: str, where: str) -> Request:
     arrival = r.get("arrival_ms")
     if not is_number(arrival) or not math.isfinite(arrival):
         raise InputError(source, f"{where}.arrival_ms", "a finite number (ms)", arrival)
+    if arrival > now_ms:
+        raise InputError(
+            source,
+            f"{where}.arrival_ms",
+            f"an arrival at or before now_ms ({now_ms:g} ms)",
+            arrival,
+        )
     deadline = r.get("deadline_ms")
     if deadline is None:
         deadline = math.inf
     elif not is_number(deadline) or math.isnan(deadline):
         raise InputError(source, f"{where}.deadline_ms", "a number (ms) or null", deadline)
+    elif deadline < arrival:
+        raise InputError(
+            source,
+            f"{where}.deadline_ms",
+            f"a deadline at or after the request's arrival_ms ({arrival:g} ms)",
+            deadline,
+        )
     return Request(rid, app, pos, float(arrival), float(deadline))
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -35,6 +36,17 @@ def json_object(x: object, source: str, field: str) -> Mapping[str, Any]:
     if not isinstance(x, dict):
         raise InputError(source, field or "(top level)", "a JSON object", type(x).__name__)
     return x
+
+
+def known_keys(doc: Mapping[str, Any], keys: Sequence[str], source: str, where: str) -> None:
+    """Refuse the first key of `doc` not in `keys`, naming it, the keys expected and the closest
+    of them (a misspelt key would otherwise be ignored and its default silently used)."""
+    for key in doc:
+        if key not in keys:
+            close = difflib.get_close_matches(str(key), keys, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            field = f"{where}.{key}" if where else str(key)
+            raise InputError(source, field, f"only the keys {', '.join(keys)} (unknown key{hint})")
 
 
 def nonempty_str(x: object, source: str, field: str) -> str:

@@ -1,20 +1,27 @@
 """Read a pipeline plan document (`layerbatch pipeline plan --json`, issue 8) for the simulator.
 
-The document is `{"throughput_rps", "status", "gap", "solve_s", "pipelines": [{"gpus", "batch",
-"throughput_rps", "latency_ms", "partitions": [{"blocks": [i, j], "gpu", "mps", "workers",
-"gpus_used"}]}]}`. It does not name the model, cluster or SLO: the caller supplies the model's
-block profiles and the cluster, and every partition is checked against them: blocks cover
-[0, N) in order, the GPU type is the cluster's and profiled at that MPS level up to the batch, and
-the GPUs fit the cluster (`sim.pipeline_layout.check_fits`). Partition latencies are recomputed
-from the profiles (PPipe 5.1: the sum of the blocks' latencies); the worker rate is the compute
-rate batch / latency (the simulator does not use it). A pipeline that carries a "model" key must
-name the profiles' model. A multi-model document (`{"models": {name: {"share", "slo_ms", ...plan}}}`)
-gives the profiles' model's plan, simulated alone on the cluster (the other models' GPUs and NIC
-traffic are not modelled). Anything else raises InputError naming the field.
+The document is `{"model", "slo_ms", "throughput_rps", "status", "gap", "solve_s", "pipelines":
+[{"gpus", "batch", "throughput_rps", "latency_ms", "partitions": [{"blocks": [i, j], "gpu", "mps",
+"workers", "gpus_used"}]}]}`. "model" and "slo_ms" (what the plan was made for) are optional, as
+files written before they were recorded lack them. A plan whose "model" is not the profiles'
+model is refused, naming both. The recorded SLO is not enforced (simulating a plan at another SLO
+is a legitimate experiment): the returned plan's `slo_ms` carries it, None if not recorded, for
+the caller to compare with the SLO it simulates.
+
+The document does not name the cluster: the caller supplies the model's block profiles and the
+cluster, and every partition is checked against them: blocks cover [0, N) in order, the GPU type
+is the cluster's and profiled at that MPS level up to the batch, and the GPUs fit the cluster
+(`sim.pipeline_layout.check_fits`). Partition latencies are recomputed from the profiles (PPipe
+5.1: the sum of the blocks' latencies); the worker rate is the compute rate batch / latency (the
+simulator does not use it). A pipeline that carries a "model" key must name the profiles' model.
+A multi-model document (`{"models": {name: {"share", "slo_ms", ...plan}}}`) gives the profiles'
+model's plan (its recorded SLO that entry's "slo_ms"), simulated alone on the cluster (the other
+models' GPUs and NIC traffic are not modelled). Anything else raises InputError naming the field.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from scheduler.errors import InputError
@@ -157,6 +164,24 @@ def plan_from_json(
         source = f"{source}: models.{profiles.model}"
         if not isinstance(doc, dict):
             raise InputError(source, "", "a pipeline plan object with pipelines", doc)
+    model = doc.get("model")
+    if model is not None:
+        if not isinstance(model, str) or not model:
+            raise InputError(source, "model", "the name of the model the plan was made for", model)
+        if model != profiles.model:
+            raise InputError(
+                source,
+                "model",
+                f"a plan for {profiles.model}, the model being simulated (this plan was made "
+                f"for {model}; simulate it with --model {model})",
+            )
+    slo = doc.get("slo_ms")
+    if slo is not None and (
+        not isinstance(slo, int | float)
+        or isinstance(slo, bool)
+        or not (math.isfinite(slo) and slo > 0)
+    ):
+        raise InputError(source, "slo_ms", "a positive number of ms (the plan's SLO)", slo)
     pipes_doc = doc.get("pipelines")
     if not isinstance(pipes_doc, list) or not pipes_doc:
         raise InputError(
@@ -184,6 +209,8 @@ def plan_from_json(
         solve_s=float(solve_s) if isinstance(solve_s, int | float) else None,
         pipelines=pipes,
         candidates=0,
+        model=profiles.model,
+        slo_ms=float(slo) if slo is not None else None,
     )
     check_fits(plan, cluster, source)
     return plan

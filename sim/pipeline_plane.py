@@ -8,8 +8,9 @@ queues) forms batches; `sim.pipeline_exec` runs them on the plan's workers and N
 (`sim.pipeline_layout`), GPU times profiled(b) x slowdown x a log-normal factor of mean 1 and
 shape sigma. The run goes on until every request has finished or been dropped.
 
-Metrics: attainment = requests finished by their deadline / requests arrived (1 when none
-arrived); drops; p50/p99 latency of finished requests; per GPU class k utilisation =
+Metrics: attainment = requests finished by their deadline / requests arrived (`run_plane`
+refuses a run in which no request arrives; `summarise` gives nan for one, never 1); drops;
+p50/p99 latency of finished requests; per GPU class k utilisation =
 sum over its workers of busy time inside [0, duration) / m, over N_k x duration (N_k the
 cluster's count of k, so it lies in [0, 1]). `load_factor_sweep` runs load factors 0.05..1.0 in
 steps of 0.05 and reports the highest with attainment >= 0.99 (None if none).
@@ -315,7 +316,7 @@ def summarise(
         on_time=on_time,
         late=int(np.sum(done)) - on_time,
         dropped=int(np.sum(out.dropped)),
-        attainment=on_time / n if n else 1.0,
+        attainment=on_time / n if n else math.nan,
         p50_ms=float(np.percentile(latency, 50)) if latency.size else None,
         p99_ms=float(np.percentile(latency, 99)) if latency.size else None,
         batches=batches,
@@ -371,7 +372,8 @@ def run_plane(
     trace_s: np.ndarray | None = None,
     config: PlaneConfig | None = None,
 ) -> PlaneResult:
-    """One run at rate load_factor x plan throughput for `duration_s` seconds.
+    """One run at rate load_factor x plan throughput for `duration_s` seconds; InputError
+    naming --duration-s if no request arrives in it (attainment would mean nothing).
 
     `rng` is split in two: the first child draws the arrivals, the second the GPU noise, so two
     policies given equally seeded generators see the same requests.
@@ -381,6 +383,14 @@ def run_plane(
     arrivals_rng, noise_rng = rng.spawn(2)
     rate_rps = load_factor * plan.throughput_rps
     arrivals = arrivals_ms(arrival, rate_rps, duration_s, arrivals_rng, trace_s)
+    if arrivals.size == 0:
+        raise InputError(
+            "--duration-s",
+            "",
+            f"a run in which requests arrive (none arrived in {duration_s:g} s at "
+            f"{rate_rps:.1f} req/s; give {10.0 / rate_rps:.3g} s or more)",
+            duration_s,
+        )
     out = simulate(
         profiles, cluster, plan, slo_ms, arrivals, policy, noise_rng, config, duration_s * 1000.0
     )

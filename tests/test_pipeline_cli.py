@@ -145,3 +145,26 @@ def test_two_models_with_shares(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (
         "--slo-ms: expected a positive number of ms (or NAME=MS,... one per model), got '-5'" in err
     )
+
+
+def test_a_plan_simulated_at_another_slo_is_noted_and_for_another_model_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(CLUSTER))
+    base = ["--cluster", str(cluster), "--slo-ms", "48.98"]
+    code, out, _ = run(["pipeline", "plan", *base, "--margin", "0.4", "--json"], capsys)
+    assert code == 0 and json.loads(out)["model"] == "repvgg-b3"
+    plan = tmp_path / "plan.json"
+    plan.write_text(out)
+    sim = ["pipeline", "sim", "--plan", str(plan), "--duration-s", "0.5", "--json"]
+    code, out, err = run([*sim, *base], capsys)
+    assert code == 0 and err == "" and json.loads(out)["attainment"] > 0
+    code, out, err = run([*sim, "--cluster", str(cluster), "--slo-ms", "60"], capsys)
+    assert code == 0 and json.loads(out)["requests"] > 0
+    assert (
+        err
+        == f"layerbatch: note: {plan} was planned for an SLO of 48.98 ms; simulating it at --slo-ms 60\n"
+    )
+    code, _, err = run([*sim, *base, "--model", "cyclegan"], capsys)
+    assert code == 2 and "expected a plan for cyclegan" in err and "made for repvgg-b3" in err

@@ -178,6 +178,13 @@ def test_unknown_gpu_model_and_bad_inputs_say_which(repvgg: ModelProfiles, tmp_p
         plan_pipelines(repvgg, small_cluster(), 50.0, 1.0)
     with pytest.raises(InputError, match="nic_gbps"):
         Cluster.from_json({"gpus": {"L4": {"count": 1}}, "nic_gbps": 0})
+    with pytest.raises(InputError, match="nic_gbps"):
+        Cluster.from_json({"gpus": {"L4": {"count": 1}}, "nic_gbps": float("inf")})
+    misspelt = {"gpus": {"L4": {"count": 4, "per_sever": 2}}, "nic_gbps": 10}
+    with pytest.raises(InputError, match=r"gpus\.L4\.per_sever: .*did you mean per_server\?"):
+        Cluster.from_json(misspelt)
+    with pytest.raises(InputError, match=r"nic: expected only the keys gpus, nic_gbps"):
+        Cluster.from_json({"gpus": {"L4": {"count": 1}}, "nic": 10})
 
 
 def test_same_input_same_plan_and_the_clock_is_the_callers(repvgg: ModelProfiles) -> None:

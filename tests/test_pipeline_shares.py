@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,24 @@ def test_refusals() -> None:
     for bad in ("a", "a=0", "a=1,a=2", "a=x", "=1"):
         with pytest.raises(InputError, match="--share"):
             parse_named_numbers(bad, "--share")
+
+
+def test_the_time_limit_is_split_between_the_two_solves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--time-limit-s bounds HiGHS over both solves of several models (max-min t, then the
+    total at that t), not each one: 0.7 and 0.3 of it."""
+    import scheduler.pipeline.milp as milp
+
+    limits: list[float | None] = []
+    real_run = milp._run
+
+    def recording_run(*args: Any, **kwargs: Any) -> Any:
+        limits.append(args[3])
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(milp, "_run", recording_run)
+    x, y = one_block("X", 1000, 2000), one_block("Y", 4000, 2000)
+    plan = plan_models(
+        [Workload(x, 1, 10.0), Workload(y, 1, 10.0)], ab_cluster(), 0.0, 1, 1, time_limit_s=10.0
+    )
+    assert plan.normalized_rps == pytest.approx(500.0)
+    assert limits == [pytest.approx(7.0), pytest.approx(3.0)]

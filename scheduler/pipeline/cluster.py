@@ -7,10 +7,12 @@ Parsed from the issue-8 document `{"gpus": {"L4": {"count": 25, "per_server": 4}
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.errors import InputError
+from scheduler.validate import is_number, known_keys
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,12 @@ class Cluster:
     def from_json(doc: object, source: str = "cluster") -> Cluster:
         """Parse `{"gpus": {"L4": {"count": 25, "per_server": 4}}, "nic_gbps": 10}`.
 
-        Raises InputError naming the field for anything else.
+        Raises InputError naming the field for anything else, an unknown key included
+        (`per_server` is 1 when missing: a misspelt one would otherwise be read as that).
         """
         if not isinstance(doc, dict):
             raise InputError(source, "", "a JSON object with gpus and nic_gbps", doc)
+        known_keys(doc, ("gpus", "nic_gbps"), source, "")
         gpus_doc = doc.get("gpus")
         if not isinstance(gpus_doc, dict) or not gpus_doc:
             raise InputError(
@@ -49,6 +53,7 @@ class Cluster:
                 raise InputError(
                     source, f"gpus.{name}", "an object with count and per_server", pool
                 )
+            known_keys(pool, ("count", "per_server"), source, f"gpus.{name}")
             count, per_server = pool.get("count"), pool.get("per_server", 1)
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise InputError(source, f"gpus.{name}.count", "a non-negative integer", count)
@@ -58,7 +63,7 @@ class Cluster:
                 )
             pools[str(name)] = GpuPool(count=count, per_server=per_server)
         nic = doc.get("nic_gbps")
-        if not isinstance(nic, int | float) or isinstance(nic, bool) or not nic > 0:
+        if not is_number(nic) or not (math.isfinite(nic) and nic > 0):
             raise InputError(source, "nic_gbps", "a positive number of Gbit/s", nic)
         return Cluster(gpus=pools, nic_gbps=float(nic), source=source)
 

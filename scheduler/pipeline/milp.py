@@ -93,6 +93,7 @@ _X_ZERO_RPS = 1e-6
 SCREEN_TOP = 20  # candidates of largest UB(c) the incumbent MILP chooses among
 HEURISTIC_NODES = 500  # branch-and-bound nodes the incumbent MILP may spend
 HEURISTIC_SHARE = 0.2  # of the time limit, for the incumbent MILP
+MAX_MIN_SHARE = 0.7  # of the time limit, for several models' max-min solve (then the total's)
 CUTOFF_SHARE = 0.5  # the final MILP looks for solutions above z * (1 + this * mip_rel_gap)
 WARM_TOP = 50  # candidates of largest UB(c) whose configurations the second incumbent uses
 CONFIG_LIMIT = 100_000  # most configurations the final MILP takes; more: the plain MILP over S
@@ -162,18 +163,21 @@ def plan_pipelines(
     of the integer counts n_{d,k}), and with status "optimal" their total throughput is the
     optimum within HiGHS's relative gap (reported as `gap`). Raises InputError for a bad SLO,
     margin, P, MPS limit, system, a cluster GPU type without profiles, or an SLO no pipeline
-    meets (naming the smallest workable SLO).
+    meets (naming the smallest workable SLO). The plan records `profiles.model` and `slo_ms`.
     """
     check_limits(system, max_parts, max_mps)
     if system == "dart-r":
-        return plan_dart_r(profiles, cluster, slo_ms, margin)
-    parts, mps = system_limits(system, max_parts, max_mps)
-    cands = candidates_or_refusal(
-        profiles, cluster, slo_ms, margin, parts, mps, system, prune=prune
-    )
-    if prune and len(cands) > SCREEN_TOP:
-        return solve_screened(cands, cluster, time_limit_s, mip_rel_gap)
-    return solve_candidates([cands], cluster, None, time_limit_s, mip_rel_gap).plans[0]
+        plan = plan_dart_r(profiles, cluster, slo_ms, margin)
+    else:
+        parts, mps = system_limits(system, max_parts, max_mps)
+        cands = candidates_or_refusal(
+            profiles, cluster, slo_ms, margin, parts, mps, system, prune=prune
+        )
+        if prune and len(cands) > SCREEN_TOP:
+            plan = solve_screened(cands, cluster, time_limit_s, mip_rel_gap)
+        else:
+            plan = solve_candidates([cands], cluster, None, time_limit_s, mip_rel_gap).plans[0]
+    return replace(plan, model=profiles.model, slo_ms=float(slo_ms))
 
 
 @dataclass(frozen=True)
@@ -356,8 +360,9 @@ def solve_candidates(
     """Solve the MILP over one candidate list per model, without screening.
 
     `shares` None: maximise total throughput (t is that total). Otherwise one share per model:
-    maximise t = min_g x_g / share_g, then total throughput at that t (see module; each solve
-    under `time_limit_s`). Plans carry the joint status and gap; `solve_s` None.
+    maximise t = min_g x_g / share_g, then total throughput at that t (see module; the first
+    solve under MAX_MIN_SHARE of `time_limit_s`, the second under the rest). Plans carry the
+    joint status and gap; `solve_s` None.
     """
     model = _build(groups, cluster, shares)
     lay = model.layout
@@ -369,12 +374,14 @@ def solve_candidates(
     else:
         objective = np.zeros(lay.size)
         objective[lay.t_index] = 1.0
-        res = _run(model, objective, lower, time_limit_s, mip_rel_gap)
+        first_s = None if time_limit_s is None else time_limit_s * MAX_MIN_SHARE
+        res = _run(model, objective, lower, first_s, mip_rel_gap)
         x = res.x
         t_value = float(x[lay.t_index]) if x is not None else 0.0
         if x is not None and res.status == 0:
             lower[lay.t_index] = t_value * (1 - 1e-9)
-            second = _run(model, model.total, lower, time_limit_s, mip_rel_gap)
+            rest_s = None if time_limit_s is None else time_limit_s - (first_s or 0.0)
+            second = _run(model, model.total, lower, rest_s, mip_rel_gap)
             if second.x is not None:
                 x = second.x
     status, gap = _status(res), _gap(res)

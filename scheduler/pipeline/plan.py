@@ -72,7 +72,9 @@ class PipelinePlan:
     """The planner's answer for one model. `solve_s` is None unless `solve` was given a clock.
 
     `candidates` counts the pipeline configurations the plan was chosen among: those meeting
-    (L) after exact dominance pruning (LP-bound screening may hand HiGHS fewer).
+    (L) after exact dominance pruning (LP-bound screening may hand HiGHS fewer). `model` and
+    `slo_ms` name what the plan was made for (`milp.plan_pipelines` sets both; None: unknown,
+    e.g. a plan of several models, whose document records them per model).
     """
 
     throughput_rps: float
@@ -81,10 +83,20 @@ class PipelinePlan:
     solve_s: float | None
     pipelines: tuple[Pipeline, ...]
     candidates: int
+    model: str | None = None
+    slo_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The issue-8 plan document (keys exactly as the issue names them)."""
+        """The issue-8 plan document (keys exactly as the issue names them), preceded by
+        "model" and "slo_ms" when the plan knows them (so a simulator can refuse a plan made
+        for another model; `sim.pipeline_plan_file` reads both)."""
+        known: dict[str, Any] = {}
+        if self.model is not None:
+            known["model"] = self.model
+        if self.slo_ms is not None:
+            known["slo_ms"] = self.slo_ms
         return {
+            **known,
             "throughput_rps": self.throughput_rps,
             "status": self.status,
             "gap": self.gap,

@@ -1,0 +1,104 @@
+"""Profile loading refuses absurd numbers by name (latencies above an hour, batch sizes above
+MAX_BATCH, stacking slowdowns above MAX_SLOWDOWN), so nothing downstream can overflow; every
+shipped profile still loads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.errors import InputError
+from scheduler.profile import (
+    MAX_BATCH,
+    MAX_LATENCY_MS,
+    MAX_SLOWDOWN,
+    balanced_bounds,
+    coarsen,
+    parse_profile,
+)
+from tests.sim_cases import REPO
+
+PROFILES = REPO / "traces" / "data" / "profiles"
+BASE: dict[str, Any] = json.loads((PROFILES / "googlenet-v3-pytorch-V100.json").read_text())
+
+
+def with_change(**change: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc.update(change)
+    return doc
+
+
+def refusal(doc: object) -> str:
+    with pytest.raises(InputError) as info:
+        parse_profile(doc, "p.json")
+    return str(info.value)
+
+
+@pytest.mark.parametrize("absurd", [1e200, 1e300, MAX_LATENCY_MS * 1.001])
+def test_a_latency_above_an_hour_is_refused_by_name(absurd: float) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["stages"][2]["latency_ms"][1] = absurd
+    assert refusal(doc).startswith(
+        "p.json: stages[2].latency_ms[1]: expected a latency of at most 3600000 ms (one hour)"
+    )
+
+
+def test_latencies_up_to_an_hour_load_and_coarsen_without_overflow() -> None:
+    doc = copy.deepcopy(BASE)
+    for stage in doc["stages"]:
+        stage["latency_ms"] = [MAX_LATENCY_MS] * len(doc["batch_sizes"])
+    profile = parse_profile(doc, "p.json")
+    assert coarsen(profile, 3).num_stages == 3
+    assert balanced_bounds([MAX_LATENCY_MS] * 100, 7)[0] == 0
+
+
+def test_batch_sizes_and_max_batch_are_bounded() -> None:
+    huge = 10**30
+    sizes = [*BASE["batch_sizes"][:-1], huge]
+    assert refusal(with_change(batch_sizes=sizes)).startswith(
+        f"p.json: batch_sizes: expected batch sizes of at most {MAX_BATCH}"
+    )
+    assert refusal(with_change(max_batch=huge)).startswith(
+        f"p.json: max_batch: expected an integer from 1 to {MAX_BATCH}"
+    )
+    assert parse_profile(with_change(max_batch=MAX_BATCH)).max_batch == MAX_BATCH
+
+
+@pytest.mark.parametrize("factor", [1e300, float("inf"), float("nan"), 0.0, -1.0])
+def test_an_absurd_stacking_slowdown_is_refused_by_name(factor: float) -> None:
+    doc = with_change(stacking={"resnet50": {"slowdown": factor}})
+    assert refusal(doc).startswith(
+        "p.json: stacking.resnet50.slowdown: expected a positive factor of at most "
+        f"{MAX_SLOWDOWN:g}"
+    )
+
+
+def test_every_shipped_profile_still_loads() -> None:
+    paths = sorted(PROFILES.glob("*.json"))
+    assert len(paths) > 10
+    for path in paths:
+        parse_profile(json.loads(path.read_text()), str(path))
+
+
+def test_the_cli_answers_an_absurd_latency_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import layerbatch
+
+    doc = copy.deepcopy(BASE)
+    doc["stages"][0]["latency_ms"][0] = 1e300
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(doc))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"now_ms": 0.0, "requests": []}))
+    code = layerbatch.main(["schedule", "--profile", str(profile), "--state", str(state)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"layerbatch: {profile}: stages[0].latency_ms[0]: expected a latency of at most "
+        "3600000 ms (one hour), got 1e+300"
+    ]
