@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import math
 import os
@@ -96,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--duration",
-        type=_positive_float,
+        type=_float_up_to(MAX_DURATION_S),
         default=None,
         help="seconds per policy at each rate (default 6; not with --sim)",
     )
@@ -108,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--requests",
-        type=_positive_int,
+        type=_count_up_to(MAX_REQUESTS),
         default=None,
         help="--sim: requests per simulated rate (default 1500)",
     )
@@ -139,7 +140,10 @@ def parser() -> argparse.ArgumentParser:
         "--rate", type=_positive_float, default=100.0, help="mean request rate, req/s (default 100)"
     )
     sim.add_argument(
-        "--requests", type=_positive_int, default=5000, help="number of requests (default 5000)"
+        "--requests",
+        type=_count_up_to(MAX_REQUESTS),
+        default=5000,
+        help="number of requests (default 5000)",
     )
     sim.add_argument(
         "--time-plans",
@@ -172,14 +176,14 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_count_up_to(MAX_THREADS),
         default=None,
         help="torch intra-op threads of each replica (default: all cores but one, left to "
         "decode, parse and plan, shared among the replicas; at least 1 each)",
     )
     srv.add_argument(
         "--replicas",
-        type=_positive_int,
+        type=_count_up_to(MAX_THREADS),
         default=1,
         help="runtimes on this machine, each its own executor thread, queue and plans, on the "
         "same weights; a request joins the one with the least work left (default 1; on a "
@@ -226,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--step-log",
+        type=_output_file,
         metavar="FILE",
         help="write every step it runs to FILE, one JSON line each (model, stages, batch, ms, "
         "planned ms), and every request its plans drop (how late it was predicted); "
@@ -235,9 +240,13 @@ def parser() -> argparse.ArgumentParser:
 
     cli = sub.add_parser("client", help="a mobile client: frames run locally, sent, or split")
     _add_client_args(cli)
-    cli.add_argument("--fps", type=_positive_float, default=None, help="frames/s (default 10)")
+    cli.add_argument(
+        "--fps", type=_float_up_to(MAX_RATE_RPS), default=None, help="frames/s (default 10)"
+    )
     cli.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
-    cli.add_argument("--rate", type=_positive_float, default=None, help="--arrival poisson: req/s")
+    cli.add_argument(
+        "--rate", type=_float_up_to(MAX_RATE_RPS), default=None, help="--arrival poisson: req/s"
+    )
     cli.add_argument("--offload", choices=("none", "local", "binary", "partial"), default="binary")
     cli.add_argument(
         "--uplink-offset-s",
@@ -252,10 +261,10 @@ def parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("loadgen", help="many simulated clients against a server (--sweep: N)")
     _add_client_args(gen)
+    gen.add_argument("--clients", type=_clients, default=[4], help="N (with --sweep: a comma list)")
     gen.add_argument(
-        "--clients", type=_positive_ints, default=[4], help="N (with --sweep: a comma list)"
+        "--rate-per-client", type=_float_up_to(MAX_RATE_RPS), default=10.0, help="req/s"
     )
-    gen.add_argument("--rate-per-client", type=_positive_float, default=10.0, help="req/s")
     gen.add_argument("--offload", choices=("none", "binary", "partial"), default="binary")
     gen.add_argument(
         "--sweep", action="store_true", help="each N of --clients, for none, binary and partial"
@@ -328,7 +337,10 @@ def parser() -> argparse.ArgumentParser:
         help="comma list (default 1,2,4,8)",
     )
     meas.add_argument(
-        "--threads", type=_positive_int, default=os.cpu_count() or 1, help="torch intra-op threads"
+        "--threads",
+        type=_count_up_to(MAX_THREADS),
+        default=os.cpu_count() or 1,
+        help="torch intra-op threads",
     )
     meas.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     meas.add_argument(
@@ -394,11 +406,14 @@ def capacity_parser() -> argparse.ArgumentParser:
         "--rates", default="10:400:10", help="START:STOP:STEP (inclusive) or a comma list, req/s"
     )
     p.add_argument(
-        "--requests", type=_positive_int, default=2000, help="requests per run (default 2000)"
+        "--requests",
+        type=_count_up_to(MAX_REQUESTS),
+        default=2000,
+        help="requests per run (default 2000)",
     )
     p.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=_count_up_to(MAX_THREADS),
         default=os.cpu_count() or 1,
         help="worker processes (default: all cores)",
     )
@@ -420,7 +435,9 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source", default=None, help="video file, or 'synthetic' (default: the bundled clip)"
     )
-    p.add_argument("--frames", type=_positive_int, default=120, help="distinct frames to use")
+    p.add_argument(
+        "--frames", type=_count_up_to(1000), default=120, help="distinct frames to use (<= 1000)"
+    )
     p.add_argument("--deadline-ms", type=_positive_float, default=300.0)
     p.add_argument("--uplink", default=None, help="trace file or bundled name (see traces)")
     p.add_argument("--downlink", default=None, help="trace file or bundled name")
@@ -436,8 +453,12 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="the device is F times slower than this machine (local stage time x F)",
     )
-    p.add_argument("--client-threads", type=_positive_int, default=1, help="torch threads")
-    p.add_argument("--duration", type=_positive_float, default=20.0, help="seconds (default 20)")
+    p.add_argument(
+        "--client-threads", type=_count_up_to(MAX_THREADS), default=1, help="torch threads"
+    )
+    p.add_argument(
+        "--duration", type=_float_up_to(MAX_DURATION_S), default=20.0, help="seconds (default 20)"
+    )
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
         "--json-out",
@@ -566,7 +587,7 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--replicas",
-        type=_positive_int,
+        type=_count_up_to(MAX_THREADS),
         default=1,
         help="devices, each with its own queue and plans, a request joining the one with the "
         "least work left, as `layerbatch serve --replicas` (each runs at the profile's speed: "
@@ -630,18 +651,44 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"layerbatch: {message} (see {self.prog} --help)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+MAX_COUNT = 10**6  # the largest any integer flag takes unless it says less
+MAX_REQUESTS = 10**7  # simulated requests in one run: about a GB of arrays
+MAX_THREADS = 1024
+MAX_RATE_RPS = 1000.0  # a client's frames or requests per second
+MAX_DURATION_S = 86_400.0  # a run of a client or load generator: a day
+
+
+def _ascii_number(text: str) -> bool:
+    """Written in ASCII digits without '_' (Python's int() and float() also take '1_000' and
+    other scripts' digits, which no one means on a command line)."""
+    return text.isascii() and "_" not in text
+
+
+def _positive_int(text: str, most: int = MAX_COUNT) -> int:
+    value = int(text) if _ascii_number(text) and text.strip().isdigit() else 0
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer up to {most}, got {text!r}"
+            if value > most
+            else f"expected a positive integer, got {text!r}"
+        )
     return value
 
 
+def _count_up_to(most: int) -> Callable[[str], int]:
+    """A positive integer flag of at most `most`."""
+    return functools.partial(_positive_int, most=most)
+
+
+def _float_up_to(most: float) -> Callable[[str], float]:
+    """A positive finite number flag of at most `most`."""
+    return functools.partial(
+        _finite_float, ok=lambda v: 0 < v <= most, expected=f"a positive number up to {most:g}"
+    )
+
+
 def _non_negative_int(text: str) -> int:
-    value = int(text) if text.isascii() and text.isdigit() else -1
+    value = int(text) if _ascii_number(text) and text.strip().isdigit() else -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
@@ -656,6 +703,10 @@ def _output_file(text: str) -> Path:
     path = Path(text)
     if not text or path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
+    if path.is_symlink() and not path.resolve().parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"expected a file to write, got a link into a folder that does not exist: {text!r}"
+        )
     ancestor = next(a for a in path.absolute().parents if a.exists())
     if not (ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK)):
         raise argparse.ArgumentTypeError(
@@ -704,7 +755,7 @@ def _port(text: str) -> int:
 
 def _finite_float(text: str, ok: Callable[[float], bool], expected: str) -> float:
     try:
-        value = float(text)
+        value = float(text) if _ascii_number(text) else math.nan
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and ok(value)):
@@ -740,16 +791,20 @@ def _positive_floats(text: str) -> list[float]:
         ) from None
 
 
-def _positive_ints(text: str) -> list[int]:
+def _clients(text: str) -> list[int]:
     try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
+        values = [_positive_int(x, MAX_CLIENTS) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
         values = []
-    if not values or min(values) < 1:
+    if not values or len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(
-            f"expected a positive integer or a comma list of them, got {text!r}"
+            f"expected a number of clients up to {MAX_CLIENTS} or a comma list of different "
+            f"ones, got {text!r}"
         )
     return values
+
+
+MAX_CLIENTS = 1000
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -944,9 +999,9 @@ def run_capacity(ns: argparse.Namespace, progress: bool) -> dict[str, Any]:
     d, named = _build(ns)
     policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICY_CHOICES]
-    if bad or not policies:
+    if bad or not policies or len(set(policies)) < len(policies):
         raise InputError(
-            "--policies", "", f"a comma list of {', '.join(POLICY_CHOICES)}", ns.policies
+            "--policies", "", f"a comma list of {', '.join(POLICY_CHOICES)}, each once", ns.policies
         )
     _simulated_policies_take(ns, policies)
     if ns.requests < 1:
@@ -1023,6 +1078,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return server_demo(ns)
     if ns.duration is not None:
         raise UsageError("layerbatch: --duration is the server demo's: not with --sim")
+    plot = ns.plot or _default_plot("out/demo-capacity.png")
     deadline_ms = ns.deadline_ms or 150.0
     rates = ",".join(f"{r:g}" for r in sorted(set(ns.rate))) if ns.rate else DEMO_SIM_RATES
     args = capacity_parser().parse_args(
@@ -1038,7 +1094,7 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             "--deadline-ms",
             f"{deadline_ms!r}",
             "--plot",
-            str(ns.plot or "out/demo-capacity.png"),
+            str(plot),
         ]
     )
     print(
@@ -1049,10 +1105,18 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _default_plot(path: str) -> Path:
+    """`path`, checked as --plot would be (before the work, not after it)."""
+    try:
+        return _plot_file(path)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"layerbatch: --plot (default {path}): {exc}") from None
+
+
 def server_demo(ns: argparse.Namespace) -> int:
     from client.demo import DEMO_APPS, DEMO_RATES_RPS, format_table, run_demo
 
-    plot = ns.plot or "out/demo-server.png"
+    plot = ns.plot or _default_plot("out/demo-server.png")
     rates = sorted(set(ns.rate or DEMO_RATES_RPS))
     duration_s, deadline_ms = ns.duration or 6.0, ns.deadline_ms or 300.0
     print(f"layerbatch demo: the server on this machine ({os.cpu_count()} cores) serving")
@@ -1154,6 +1218,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from aiohttp import web
     from tqdm import tqdm
 
+    from layerexec import zoo
     from layerexec.torch_thread import yield_to_torch
     from server.app import ServerConfig, make_app
     from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime
@@ -1165,6 +1230,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     apps = [a.strip() for a in ns.apps.split(",") if a.strip()] if ns.apps else list(DEFAULT_APPS)
     if len(set(apps)) < len(apps):
         raise InputError("--apps", "", "a comma list of models, each once", ns.apps)
+    unknown = [a for a in apps if a not in zoo.MODELS]
+    if unknown:  # before "loading ...", which would say otherwise
+        expected = f"a comma list of models layerexec knows ({', '.join(sorted(zoo.MODELS))})"
+        raise InputError("--apps", "", expected, ", ".join(unknown))
     if ns.admin_token == "":
         raise InputError("--admin-token", "", "a non-empty token (or no --admin-token)", "")
     check_port_free(ns.host, ns.port)  # before the models load, which takes a while
@@ -1304,6 +1373,9 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
     from scheduler.pipeline.shares import Workload, parse_named_numbers, solve_models
     from scheduler.validate import read_json
 
+    twice = sorted({m for m in ns.model or [] if ns.model.count(m) > 1})
+    if twice:
+        raise InputError("--model", "", "each model once", ", ".join(twice))
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
     models: list[ModelProfiles]
     if ns.profile:
@@ -1407,11 +1479,16 @@ def _found(served_rps: float, status: str, time_limit_s: float | None) -> int:
 def _ppipe_profiles(folder: str | None, model: str, cluster: Cluster) -> ModelProfiles:
     """`model`'s PPipe block timings on the cluster's GPU types, from `folder` (with its own
     transfer sizes) or, when None, the bundled ones."""
-    from scheduler.pipeline.profiles import load_model_profiles
+    from scheduler.pipeline.profiles import available_models, load_model_profiles
 
     if folder:
         return load_model_profiles(Path(folder), model, gpus=list(cluster.gpus))
     bundled = BUNDLED_PROFILES / "cloud"
+    known = available_models(bundled / "ppipe")
+    if model not in known:
+        raise InputError(
+            "--model", "", f"a model with bundled block timings ({', '.join(known)})", model
+        )
     return load_model_profiles(
         bundled / "ppipe",
         model,
@@ -1435,7 +1512,14 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
         raise UsageError("layerbatch: --sweep runs load factors 0.05..1.0: not with --load-factor")
     cluster = Cluster.from_json(read_json(ns.cluster, "cluster"), ns.cluster)
     profiles = _ppipe_profiles(ns.profiles, ns.model, cluster)
-    plan = plan_from_json(read_json(ns.plan, "pipeline plan"), profiles, cluster, ns.plan)
+    doc = read_json(ns.plan, "pipeline plan")
+    plan = plan_from_json(doc, profiles, cluster, ns.plan)
+    if isinstance(doc, dict) and "model" not in doc and "models" not in doc:
+        print(
+            f"layerbatch: note: {ns.plan} does not say which model it was planned for (a plan "
+            f"written before plans recorded it); simulating it as --model {ns.model}",
+            file=sys.stderr,
+        )
     if plan.slo_ms is not None and not math.isclose(plan.slo_ms, ns.slo_ms):
         print(
             f"layerbatch: note: {ns.plan} was planned for an SLO of {plan.slo_ms:g} ms; "

@@ -75,27 +75,31 @@ def _checked_inputs(ns: argparse.Namespace, verb: str, measures_server: bool) ->
     except ValueError as exc:
         print(f"layerbatch {verb}: {exc}", file=sys.stderr)
         return None
-    why = asyncio.run(_unreachable(ns.server)) if measures_server else None
+    why = asyncio.run(_not_serving(ns.server, ns.app)) if measures_server else None
     if why is not None:
-        print(
-            f"layerbatch {verb}: --server: could not reach {ns.server} ({why}); expected a "
-            "running `layerbatch serve`",
-            file=sys.stderr,
-        )
+        print(f"layerbatch {verb}: {why}", file=sys.stderr)
         return None
     return inputs
 
 
-async def _unreachable(server: str) -> str | None:
-    """None when `server` answers GET /healthz; else why not, in a few words."""
+async def _not_serving(server: str, app: str) -> str | None:
+    """None when `server` answers GET /v1/models listing `app`; else why not, in a sentence."""
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as s,
-            s.get(server.rstrip("/") + "/healthz") as resp,
+            s.get(server.rstrip("/") + "/v1/models", headers={"Accept": "application/json"}) as r,
         ):
-            return None if resp.status == 200 else f"/healthz answered {resp.status}"
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        return str(exc) or type(exc).__name__
+            served = (await r.json()).get("apps", {}) if r.status == 200 else None
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        return (
+            f"--server: could not reach {server} ({str(exc) or type(exc).__name__}); expected a "
+            "running `layerbatch serve`"
+        )
+    if not isinstance(served, dict):
+        return f"--server: {server}/v1/models did not list apps; expected a `layerbatch serve`"
+    if app not in served:
+        return f"--app: expected an app the server serves ({', '.join(sorted(served))}), got {app}"
+    return None
 
 
 def client_command(ns: argparse.Namespace) -> int:

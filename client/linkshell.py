@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -45,6 +46,8 @@ def parse_hostport(text: str, *, any_port: bool = False) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     lowest = 0 if any_port else 1
+    if "/" in host:  # a URL: http://127.0.0.1:8080 would connect to host "http://127.0.0.1"
+        raise ValueError(f"{text!r}: expected HOST:PORT, not a URL, e.g. 127.0.0.1:9000")
     if not (sep and host and port.isascii() and port.isdigit()) or not lowest <= int(port) <= 65535:
         raise ValueError(
             f"{text!r}: expected HOST:PORT with a port from {lowest} to 65535, e.g. 127.0.0.1:9000"
@@ -145,7 +148,10 @@ async def _pipe(
 
 
 def _reason(exc: OSError) -> str:
-    """The errno text ("Connection refused") rather than asyncio's wrapping of it."""
+    """The errno text ("Connection refused") rather than asyncio's wrapping of it; for a host
+    name that does not resolve, the resolver's words (its negative codes are not errnos)."""
+    if isinstance(exc, socket.gaierror):
+        return f"no address for that host ({exc.strerror})"
     return os.strerror(exc.errno) if exc.errno else str(exc)
 
 

@@ -15,9 +15,11 @@ def read_json(path: str | Path, what: str) -> object:
     """Decode the JSON file at `path`; unreadable or invalid files raise `InputError`."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")  # tolerate a BOM
     except OSError as exc:
         raise InputError(source, "", f"a readable {what} JSON file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(source, "", f"a {what} JSON file in UTF-8 ({exc.reason})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -51,6 +51,9 @@ class Setup:
         return Deployment(self.profiles, self.apps, self.max_batch, self.groups)
 
 
+MAX_RATES = 1000  # rates in one sweep
+
+
 def parse_rates(text: str) -> list[float]:
     """`start:stop:step` (inclusive) or a comma list -> rates in requests per second."""
     try:
@@ -61,16 +64,21 @@ def parse_rates(text: str) -> list[float]:
             if step <= 0 or stop < start or start <= 0:
                 raise ValueError
             n = int(np.floor((stop - start) / step + 1e-9)) + 1
+            if n > MAX_RATES:
+                raise ValueError
             return [round(start + i * step, 6) for i in range(n)]
         rates = [float(x) for x in text.split(",")]
         if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+            raise ValueError
+        if len(set(rates)) < len(rates) or len(rates) > MAX_RATES:
             raise ValueError
         return sorted(rates)
     except ValueError:
         raise InputError(
             "--rates",
             "",
-            "START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of positive rates",
+            f"START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of different "
+            f"positive rates; at most {MAX_RATES} rates",
             text,
         ) from None
 

@@ -38,6 +38,7 @@ POLICIES = ("ppipe", "reactive")
 ARRIVALS = ("poisson", "trace", "constant", "pareto")
 LOAD_FACTORS = tuple(round(0.05 * k, 2) for k in range(1, 21))
 ATTAINMENT_TARGET = 0.99
+MAX_ARRIVALS = 10**7  # requests in one run: about a GB of arrays
 AZURE_TRACE = (
     Path(__file__).resolve().parents[1]
     / "traces"
@@ -382,6 +383,14 @@ def run_plane(
         raise InputError("sim", "load_factor", "a positive number", load_factor)
     arrivals_rng, noise_rng = rng.spawn(2)
     rate_rps = load_factor * plan.throughput_rps
+    if rate_rps * duration_s > MAX_ARRIVALS:
+        raise InputError(
+            "--duration-s",
+            "",
+            f"a run of at most {MAX_ARRIVALS} requests ({MAX_ARRIVALS / rate_rps:.3g} s at "
+            f"{rate_rps:.1f} req/s)",
+            duration_s,
+        )
     arrivals = arrivals_ms(arrival, rate_rps, duration_s, arrivals_rng, trace_s)
     if arrivals.size == 0:
         raise InputError(

@@ -147,6 +147,24 @@ def test_sim_capacity_takes_no_prefix_of_rates(capsys: pytest.CaptureFixture[str
         ),
         (["client", *FAST_CLIENT, "--uplink-offset-s", "-1"], "argument --uplink-offset-s"),
         (["profile", "--model", CIFAR, "--out", "p.json", "--warmup", "-1"], "argument --warmup"),
+        (["sim", "--profile", GOOGLENET, "--requests", "100000000000"],
+         "argument --requests: expected a positive integer up to 10000000"),
+        (["demo", "--sim", "--requests", "100000000000"], "up to 10000000"),
+        (["sim", "--profile", GOOGLENET, "--requests", "\uff11\uff10\uff10"],
+         "argument --requests: expected a positive integer, got"),
+        (["sim", "--profile", GOOGLENET, "--requests", "1_000"], "argument --requests"),
+        (["sim", "--profile", GOOGLENET, "--rate", "1_000"], "argument --rate"),
+        (["client", *FAST_CLIENT, "--fps", "1e9"], "argument --fps: expected a positive number up to 1000"),
+        (["loadgen", "--clients", "1,2,1", "--sweep"], "argument --clients"),
+        (["serve", "--threads", "100000"], "argument --threads: expected a positive integer up to 1024"),
+        (["sim", "capacity", "--profile", GOOGLENET, "--rates", "10:1e9:1"], "at most 1000 rates"),
+        (["sim", "capacity", "--profile", GOOGLENET, "--rates", "10,20,10"], "a comma list of different"),
+        (["sim", "capacity", "--profile", GOOGLENET, "--policies", "edf,edf"], "each once"),
+        (["serve", "--apps", "nosuch"], "--apps: expected a comma list of models layerexec knows"),
+        (["pipeline", "plan", "--cluster", "c", "--slo-ms", "9", "--model", "cyclegan", "--model",
+          "cyclegan"], "--model: expected each model once, got 'cyclegan'"),
+        (["linkshell", "--uplink", "verizon-lte-short.up", "--downlink", "verizon-lte-short.down",
+          "--upstream", "http://127.0.0.1:8080"], "expected HOST:PORT, not a URL"),
     ],
 )  # fmt: skip
 def test_flags_that_mean_nothing_here_are_refused(
@@ -194,3 +212,40 @@ def test_an_empty_pipeline_plan_exits_1_saying_so(capsys: pytest.CaptureFixture[
         err
         == "layerbatch: no plan serves every model within --time-limit-s 5 (solver: time_limit)\n"
     )
+
+
+def test_the_demos_default_plot_is_checked_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").write_text("a file where the demo would make its folder")
+    for argv in (["demo"], ["demo", "--sim"]):
+        line = refused(capsys, *argv)
+        assert line.startswith("layerbatch: --plot (default out/demo-")
+        assert "expected a file in a folder this user can write" in line
+
+
+def test_a_plot_through_a_link_into_no_folder_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    link = tmp_path / "dangling.png"
+    link.symlink_to(tmp_path / "nowhere" / "x.png")
+    line = refused(capsys, "demo", "--sim", "--plot", str(link))
+    assert "a link into a folder that does not exist" in line
+
+
+def test_files_with_a_byte_order_mark_read_and_files_not_in_utf8_are_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "bom.csv"
+    trace.write_bytes(b"\xef\xbb\xbfTIMESTAMP\n0.5\n1.0\n1.25\n")
+    argv = ["sim", "--profile", GOOGLENET, "--arrival", "recorded", "--requests", "20", "--json"]
+    assert layerbatch.main([*argv, "--trace", str(trace)]) == 0
+    assert capsys.readouterr().out.startswith("{")
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("TIMESTAMP\n0.5 \xe9\n".encode("latin-1"))
+    line = refused(capsys, *argv, "--trace", str(latin))
+    assert line.startswith(f"layerbatch: {latin}: expected a trace file in UTF-8")
+    apps = tmp_path / "apps.json"
+    apps.write_bytes(b"\xef\xbb\xbf" + b'{"apps": {"g": ["googlenet-v3-pytorch"]}}')
+    assert layerbatch.main([*argv[:3], "--apps", str(apps), "--requests", "20", "--json"]) == 0

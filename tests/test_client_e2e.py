@@ -560,3 +560,17 @@ def test_cli_client_unreachable_server_says_so_once(
     offloaded = sum(r["decision"] != "local" for r in doc["records"])
     assert s["fallbacks"] == offloaded  # an unknown server is not offloaded to at all
     assert all(r["status"] in ("ok", "fallback") for r in doc["records"])
+
+
+def test_cli_loadgen_refuses_an_app_the_server_does_not_serve(
+    server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A load test of an app the server does not serve would measure local fallbacks only."""
+    argv = ["loadgen", "--server", server.url, "--app", "mobilenet_v2", "--source", "synthetic",
+            "--frames", "2", "--duration", "1", "--clients", "1"]  # fmt: skip
+    assert layerbatch.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"layerbatch loadgen: --app: expected an app the server serves ({CIFAR}), "
+        "got mobilenet_v2\n"
+    )

@@ -239,7 +239,7 @@ def test_throughput_split_takes_the_highest_throughput_first() -> None:
 
 def test_unknown_split_is_refused() -> None:
     w = piccolo_table_ii()
-    for bad in ("quantised:0.1", "quantized:0", "quantized:x", "random"):
+    for bad in ("quantised:0.1", "quantized:0", "quantized:1e-9", "quantized:x", "random"):
         with pytest.raises(InputError, match="quantized:STEP"):
             plan(w, "harpagon", split=bad)
     with pytest.raises(InputError, match="optimal"):

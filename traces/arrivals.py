@@ -94,9 +94,11 @@ def load_timestamps(path: str | Path) -> np.ndarray:
     """
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM is no part of the header
     except OSError as exc:
         raise TraceError(source, "", "a readable trace file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(source, "", f"a trace file in UTF-8 ({exc.reason})") from None
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise TraceError(source, "", "a trace with at least two timestamps", "an empty file")

@@ -217,11 +217,17 @@ def _parse_split(split: str) -> tuple[SplitKind, float]:
             step_s = float(tail)
         except ValueError:
             step_s = math.nan
-        if step_s > 0 and math.isfinite(step_s):
+        if step_s >= MIN_QUANTUM_S and math.isfinite(step_s):
             return "quantized", step_s
     raise InputError(
-        "--split", "", "lc, throughput, greedy, even or quantized:STEP (STEP > 0 seconds)", split
+        "--split",
+        "",
+        f"lc, throughput, greedy, even or quantized:STEP (STEP >= {MIN_QUANTUM_S:g} seconds)",
+        split,
     )
+
+
+MIN_QUANTUM_S = 0.001  # quantized splits search SLO / STEP steps per module: nexus's is 0.01
 
 
 class _Infeasible(Exception):
