@@ -14,9 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from scheduler.policies import POLICIES
+from server.body import read_body
 from server.config import CONFIG, RUNTIME, Served, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
@@ -24,6 +25,19 @@ from server.runtime import Overloaded
 from server.wire import decode_body, encode_body, is_json, is_msgpack, parse_infer
 
 log = logging.getLogger(__name__)
+# the open WebSocket streams, each with the tasks answering its messages
+STREAMS: web.AppKey[dict[web.WebSocketResponse, set[asyncio.Task[None]]]] = web.AppKey("streams")
+STREAM_ANSWERS_S = 5.0  # at shutdown, how long a stream's last answers may take to send
+
+
+async def _close_streams(streams: dict[web.WebSocketResponse, set[asyncio.Task[None]]]) -> None:
+    """After the drain, every accepted message has its answer: send them, then close each stream
+    as going away (1001). Otherwise aiohttp waits for the open sockets past any orchestrator's
+    grace period, and the clients see the connection drop with no close."""
+    for ws, tasks in list(streams.items()):
+        if tasks:
+            await asyncio.wait(tasks, timeout=STREAM_ANSWERS_S)
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down")
 
 
 def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Application:
@@ -31,6 +45,7 @@ def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Applica
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[_errors])
     app[RUNTIME] = runtime
     app[CONFIG] = cfg
+    app[STREAMS] = {}
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
@@ -39,6 +54,7 @@ def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Applica
 
     async def on_shutdown(app: web.Application) -> None:
         await runtime.drain()
+        await _close_streams(app[STREAMS])
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)
@@ -99,8 +115,7 @@ async def _errors(
 
 
 async def _read(request: web.Request) -> Any:
-    raw = await request.read()
-    return decode_body(raw, request.content_type)
+    return decode_body(await read_body(request), request.content_type)
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -122,6 +137,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=request.app[CONFIG].max_body_bytes)
     await ws.prepare(request)
     tasks: set[asyncio.Task[None]] = set()
+    request.app[STREAMS][ws] = tasks
     counter = 0
 
     async def handle(data: bytes, json_mode: bool, fallback_id: str) -> None:
@@ -148,16 +164,19 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
         if not ws.closed:
             await (ws.send_str(body.decode()) if json_mode else ws.send_bytes(body))
 
-    async for msg in ws:
-        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-            counter += 1
-            text = msg.type == WSMsgType.TEXT
-            data = msg.data.encode() if text else msg.data
-            task = asyncio.create_task(handle(data, text, f"ws{id(ws):x}-{counter}"))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    for task in tasks:
-        task.cancel()  # the client left: its requests leave the queue
+    try:
+        async for msg in ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                counter += 1
+                text = msg.type == WSMsgType.TEXT
+                data = msg.data.encode() if text else msg.data
+                task = asyncio.create_task(handle(data, text, f"ws{id(ws):x}-{counter}"))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+    finally:
+        request.app[STREAMS].pop(ws, None)
+        for task in tasks:
+            task.cancel()  # the client left: its requests leave the queue
     return ws
 
 

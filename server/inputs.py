@@ -16,7 +16,8 @@ from layerexec.zoo import ModelSpec
 from server.errors import BadRequest
 
 # an 8K frame is 33 megapixels; a larger image would hold the decode thread, and every request
-# queued behind it, for a second or more (25000 x 25000: 4.7 s)
+# queued behind it, for a second or more (a 25000 x 25000 JPEG: 4.7 s; a 20000 x 20000 TIFF of
+# 1.8 MB: 7.3 s, which is why only formats whose size is read from the header are taken)
 MAX_IMAGE_PIXELS = 40_000_000
 _PNG = b"\x89PNG\r\n\x1a\n"
 # the JPEG start-of-frame markers, which carry the image's size (all but DHT C4, JPG C8, DAC CC)
@@ -24,30 +25,30 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def image_tensor(jpeg: bytes, spec: ModelSpec) -> torch.Tensor:
-    """(C, H, W) float32 for `spec`'s first stage from an encoded image (JPEG, PNG, ...).
-    BadRequest(422) for no bytes, bytes that do not decode, or more than MAX_IMAGE_PIXELS (read
-    from a JPEG's or PNG's header before decoding; other formats after)."""
+    """(C, H, W) float32 for `spec`'s first stage from a JPEG or PNG image. BadRequest(422)
+    for no bytes, another format, more than MAX_IMAGE_PIXELS (read from the header, before
+    decoding) or bytes that do not decode."""
     if not jpeg:
         raise BadRequest(422, "payload.jpeg: expected an encoded image (JPEG), got 0 bytes")
-    _check_pixels(encoded_size(jpeg))
+    size = encoded_size(jpeg)
+    if size is None:
+        raise BadRequest(
+            422, "payload.jpeg: expected a JPEG or PNG image, could not decode a header of either"
+        )
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise BadRequest(
+            422,
+            f"payload.jpeg: expected at most {MAX_IMAGE_PIXELS / 1e6:g} megapixels, "
+            f"got {size[0]}x{size[1]}",
+        )
     try:
         img = cv2.imdecode(np.frombuffer(jpeg, dtype=np.uint8), cv2.IMREAD_COLOR)
     except cv2.error:
         img = None
     if img is None:
         raise BadRequest(422, "payload.jpeg: expected an encoded image (JPEG), could not decode it")
-    _check_pixels((img.shape[1], img.shape[0]))
     # resized first: the colour swap then touches the model's input size, not the frame's
     return rgb_tensor(cv2.cvtColor(resize_rgb(img, spec), cv2.COLOR_BGR2RGB), spec)
-
-
-def _check_pixels(size: tuple[int, int] | None) -> None:
-    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
-        raise BadRequest(
-            422,
-            f"payload.jpeg: expected at most {MAX_IMAGE_PIXELS / 1e6:g} megapixels, "
-            f"got {size[0]}x{size[1]}",
-        )
 
 
 def encoded_size(data: bytes) -> tuple[int, int] | None:

@@ -109,7 +109,9 @@ class Replicas:
                 f"the queue is full ({self.max_queued} requests); try again shortly", 1
             )
         if req.request_id is None:
-            req = dataclasses.replace(req, request_id=fresh_id(self._ids, self._holding))
+            req = dataclasses.replace(
+                req, request_id=fresh_id(self._ids, self._holding.__contains__)
+            )
         rid = req.request_id
         assert rid is not None
         if rid in self._holding:

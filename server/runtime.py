@@ -214,7 +214,7 @@ class Runtime:
         self._replan_queued = False
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_ms: float | None = None  # the deadline it is set for
-        self._admitting = 0
+        self._decoding: set[str] = set()  # ids of the requests being decoded (admitted)
         self._plans_seen = 0
 
     # --- life cycle -------------------------------------------------------------------------
@@ -279,31 +279,29 @@ class Runtime:
             raise BadRequest(
                 503, self.failure or "the server is shutting down and accepts no new requests"
             )
-        if len(self.pending) + self._admitting >= self.max_queued:
+        if len(self.pending) + len(self._decoding) >= self.max_queued:
             raise Overloaded(
                 f"the queue is full ({self.max_queued} requests); try again shortly", 1
             )
-        rid = req.request_id or fresh_id(self._ids, self.pending)
-        if rid in self.pending:
+        rid = req.request_id or fresh_id(self._ids, self._holds)
+        if self._holds(rid):
             raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         loop = asyncio.get_running_loop()
         received_ms = self.clock()  # the deadline counts from here, not from the decode's end
         request = Request(rid, req.app, req.position, received_ms,
                           received_ms + req.deadline_ms, req.client_id or "")  # fmt: skip
         if self.admission is not None and self.admission.turns_away(  # module doc, "Admission"
-            self.engine.state, self.policy_name, request, received_ms, self._admitting
+            self.engine.state, self.policy_name, request, received_ms, len(self._decoding)
         ):
             return self._turn_away(request, raw)
-        self._admitting += 1  # holds a place in the queue while it decodes
+        self._decoding.add(rid)  # holds a place in the queue (and its id) while it decodes
         try:
             tensor, took_ms = await loop.run_in_executor(self._decode_pool, self._decode_timed, req)
             self._observe_decode(took_ms)
         finally:
-            self._admitting -= 1
+            self._decoding.discard(rid)
         if self.failure is not None:  # the runner failed while this request was decoded
             raise BadRequest(503, self.failure)
-        if rid in self.pending:  # the same id arrived while we decoded
-            raise BadRequest(409, f"request_id: {rid!r} is already in use by a queued request")
         try:
             self.executor.admit(rid, req.app, req.position, tensor)
         except ShapeError as exc:
@@ -322,6 +320,10 @@ class Runtime:
         except asyncio.CancelledError:
             self.forget(rid)
             raise
+
+    def _holds(self, rid: str) -> bool:
+        """Whether a request with this id is queued or being decoded here."""
+        return rid in self.pending or rid in self._decoding
 
     def _turn_away(self, r: Request, raw: bool) -> dict[str, Any]:
         """Answer `r` as dropped (QUEUE_FULL_AHEAD) at once, before its decode."""

@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 import reprlib
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,9 @@ from server.errors import BadRequest
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "")  # "": a body sent with no Content-Type
+# items in one msgpack array or map: an infer message has a handful; 16M empty arrays in a body
+# held the event loop for 5.8 s before this
+MAX_ITEMS = 1024
 MAX_DEADLINE_MS = 600_000.0  # ten minutes: beyond that a "deadline" is a mistake
 # an INT8 step of 1e6 spans activations up to 2.55e8; larger ones overflow a layer's float32
 # sums to infinity and the answer to NaN
@@ -70,7 +73,7 @@ def decode_body(raw: bytes, content_type: str) -> Any:
             raise BadRequest(400, f"body: expected a JSON document ({_why(exc)})") from None
     if kind in MSGPACK_TYPES:
         try:
-            return msgpack.unpackb(raw, raw=False)
+            return msgpack.unpackb(raw, raw=False, max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
             raise BadRequest(400, f"body: expected a msgpack document ({_why(exc)})") from None
     raise BadRequest(415, f"Content-Type: expected {MSGPACK} or {JSON}, got {kind!r}")
@@ -90,10 +93,10 @@ def finite(x: int | float) -> bool:
         return False
 
 
-def fresh_id(counter: itertools.count[int], in_use: Container[str]) -> str:
+def fresh_id(counter: itertools.count[int], in_use: Callable[[str], bool]) -> str:
     """The next automatic request id, "r<n>", that no request in flight holds (a client may
-    have chosen that id for its own)."""
-    while (rid := f"r{next(counter)}") in in_use:
+    have chosen that id for its own); ids are unique among the requests in flight only."""
+    while in_use(rid := f"r{next(counter)}"):
         pass
     return rid
 
@@ -175,9 +178,18 @@ def _optional_str(doc: Mapping[str, Any], key: str) -> str | None:
     v = doc.get(key)
     if v is None:
         return None
-    if not isinstance(v, str) or not v or len(v) > 200:
-        raise BadRequest(400, f"{key}: expected a string of 1 to 200 characters")
+    if not isinstance(v, str) or not v or len(v) > 200 or not _utf8(v):
+        raise BadRequest(400, f"{key}: expected a string of 1 to 200 characters (Unicode text)")
     return v
+
+
+def _utf8(text: str) -> bool:
+    """False for a string no answer could carry (a lone surrogate, which JSON's \\ud800 allows)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bytes(v: object, field: str, json_mode: bool) -> bytes:

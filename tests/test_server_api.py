@@ -720,7 +720,7 @@ async def test_a_deadline_counts_from_receipt_not_from_the_end_of_a_decode_that_
     runtime._exec_pool.submit(gate.wait)  # the executor thread busy (a long step, say)
     late = asyncio.create_task(infer(client, infer_doc(small_jpeg(0), deadline_ms=100.0)))
     roomy = asyncio.create_task(infer(client, infer_doc(small_jpeg(1), deadline_ms=5000.0)))
-    await wait_for(lambda: runtime._admitting == 2, "both requests to reach the decode queue")
+    await wait_for(lambda: len(runtime._decoding) == 2, "both requests to reach the decode queue")
     await asyncio.sleep(held_ms / 1000.0)
     gate.set()
     (s1, a1), (s2, a2) = await asyncio.gather(late, roomy)
@@ -944,7 +944,7 @@ async def test_a_request_decoding_when_the_runner_fails_is_refused_not_queued(
     gate = threading.Event()
     runtime._exec_pool.submit(gate.wait)  # the executor thread busy: the decode waits
     waiting = asyncio.create_task(infer(client, infer_doc(small_jpeg(0))))
-    await wait_for(lambda: runtime._admitting == 1, "the request to reach the decode queue")
+    await wait_for(lambda: len(runtime._decoding) == 1, "the request to reach the decode queue")
     runtime._fail(RuntimeError("the runner broke"))
     gate.set()
     status, answer = await waiting

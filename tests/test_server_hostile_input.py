@@ -10,14 +10,15 @@ import asyncio
 import base64
 import itertools
 import json
+import threading
 from typing import Any
 
+import aiohttp
 import cv2
 import msgpack
 import numpy as np
 import pytest
 
-import server.inputs
 from server.app import ServerConfig
 from server.inputs import encoded_size
 from server.runtime import NOT_FINITE, Runtime
@@ -107,16 +108,23 @@ async def test_hostile_bodies_get_one_sentence_and_spare_the_request_in_flight(
 
 
 @pytest.mark.asyncio
-async def test_a_large_image_is_refused_after_decoding_when_its_header_does_not_say(
-    aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A BMP's size is not read from its header here: the decoded image is checked instead."""
-    monkeypatch.setattr(server.inputs, "MAX_IMAGE_PIXELS", 32 * 32 - 1)
-    ok, bmp = cv2.imencode(".bmp", synthetic_rgb(32, 32, 3))
-    assert ok and encoded_size(bmp.tobytes()) is None
-    _, client, _ = await setup(aiohttp_client)
-    status, doc = await infer(client, infer_doc(bmp.tobytes()))
-    assert status == 422 and doc["error"].endswith("got 32x32"), doc
+async def test_an_image_of_another_format_is_refused_before_decoding(aiohttp_client: Any) -> None:
+    """Only a JPEG's or PNG's size is read before decoding: a TIFF or BMP could be 400
+    megapixels in a few MB (a 20000 x 20000 TIFF of 1.8 MB held the decode thread for 7 s)."""
+    runtime, client, gate = await setup(aiohttp_client)
+    rgb = synthetic_rgb(32, 32, 3)
+    with gate:
+        async with good_request_in_flight(client, gate):
+            for ext in (".bmp", ".tiff"):
+                frame = cv2.imencode(ext, rgb)[1].tobytes()
+                status, doc = await infer(client, infer_doc(frame))
+                assert status == 422, doc
+                assert doc["error"] == (
+                    "payload.jpeg: expected a JPEG or PNG image, could not decode a header of either"
+                )
+    status, doc = await infer(client, infer_doc(cv2.imencode(".png", rgb)[1].tobytes()))
+    assert status == 200 and doc["status"] == "ok"
+    assert counters(runtime) == {f"{CIFAR}/ok": 2}
 
 
 def test_encoded_size_reads_jpeg_and_png_headers() -> None:
@@ -149,8 +157,8 @@ async def test_features_whose_scale_would_overflow_the_model_are_400(
 # --- automatic request ids ------------------------------------------------------------------
 def test_fresh_id_skips_the_ids_in_flight() -> None:
     counter = itertools.count()
-    assert fresh_id(counter, {"r1", "r2"}) == "r0"
-    assert fresh_id(counter, {"r1", "r2"}) == "r3"
+    assert fresh_id(counter, {"r1", "r2"}.__contains__) == "r0"
+    assert fresh_id(counter, {"r1", "r2"}.__contains__) == "r3"
 
 
 @pytest.mark.asyncio
@@ -287,3 +295,82 @@ async def test_a_body_of_another_content_type_is_refused_in_json(aiohttp_client:
         status, doc, _ = await post(client, b'{"app": "x"}', ctype)
         assert status == 415 and isinstance(doc, dict), doc
         assert doc["error"].startswith("Content-Type: expected application/msgpack or")
+
+
+# --- second sweep -----------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_an_automatic_id_skips_an_id_whose_request_is_still_decoding(
+    aiohttp_client: Any,
+) -> None:
+    """The decode thread is held, so "r0" (a client's own id) waits there, not yet queued: the
+    request that sends no id must not be given "r0" too."""
+    runtime, client, _ = await setup(aiohttp_client)
+    release = threading.Event()
+    held = runtime._decode_pool.submit(release.wait, 30)
+    try:
+        own = asyncio.create_task(infer(client, infer_doc(small_jpeg(0), request_id="r0")))
+        await wait_for(lambda: "r0" in runtime._decoding, "r0 waiting for its decode")
+        auto = asyncio.create_task(infer(client, infer_doc(small_jpeg(1))))
+        await wait_for(lambda: len(runtime._decoding) == 2, "the second waiting for its decode")
+    finally:
+        release.set()
+    held.result(30)
+    answers = [await own, await auto]
+    assert [(s, a["status"], a["request_id"]) for s, a in answers] == [
+        (200, "ok", "r0"),
+        (200, "ok", "r1"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_an_id_no_answer_could_carry_is_400(aiohttp_client: Any) -> None:
+    _, client, _ = await setup(aiohttp_client)
+    frame = base64.b64encode(small_jpeg(0)).decode()
+    body = f'{{"app": "{CIFAR}", "request_id": "\\ud800", "payload": {{"jpeg": "{frame}"}}}}'
+    status, doc, _ = await post(
+        client, body.encode(), "application/json", headers={"Accept": "application/msgpack"}
+    )
+    assert status == 400
+    assert doc["error"] == "request_id: expected a string of 1 to 200 characters (Unicode text)"
+
+
+@pytest.mark.asyncio
+async def test_a_body_that_stops_arriving_is_408(aiohttp_client: Any) -> None:
+    runtime = build()
+    client = await serve(aiohttp_client, runtime, ServerConfig(body_timeout_s=0.2))
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(
+        b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{"
+    )
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 408 ")
+    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                 .split(b":")[1])  # fmt: skip
+    doc = json.loads(await reader.readexactly(length))
+    assert doc == {"status": 408, "error": "body: expected all 1000 bytes within 0.2 s"}
+    writer.close()
+    status, answer = await infer(client, infer_doc(small_jpeg(0)))  # and the server serves on
+    assert (status, answer["status"]) == (200, "ok")
+
+
+@pytest.mark.asyncio
+async def test_shutdown_answers_a_streams_messages_then_closes_it_going_away(
+    aiohttp_client: Any,
+) -> None:
+    runtime, client, gate = await setup(aiohttp_client)
+    ws = await client.ws_connect("/v1/stream")
+    with gate:
+        gate.close()
+        await ws.send_bytes(packb(infer_doc(small_jpeg(0), request_id="w0")))
+        await gate.held()
+        shutdown = asyncio.create_task(client.server.app.shutdown())
+        await wait_for(lambda: not runtime.accepting, "the drain to begin")
+        gate.open()
+        answer = msgpack.unpackb((await asyncio.wait_for(ws.receive(), 30)).data)
+        closing = await asyncio.wait_for(ws.receive(), 30)
+        await asyncio.wait_for(shutdown, 30)
+    assert (answer["request_id"], answer["status"]) == ("w0", "ok")
+    assert closing.type == aiohttp.WSMsgType.CLOSE
+    assert (closing.data, closing.extra) == (1001, "the server is shutting down")
