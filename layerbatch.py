@@ -656,6 +656,7 @@ MAX_REQUESTS = 10**7  # simulated requests in one run: about a GB of arrays
 MAX_THREADS = 1024
 MAX_RATE_RPS = 1000.0  # a client's frames or requests per second
 MAX_DURATION_S = 86_400.0  # a run of a client or load generator: a day
+MAX_CLIENTS = 1000  # simulated clients of one load generator
 
 
 def _ascii_number(text: str) -> bool:
@@ -724,7 +725,7 @@ def _plot_file(text: str) -> Path:
 
 
 def _folder(text: str) -> Path:
-    """A folder, made if missing."""
+    """A folder, or where one is to be made: not a file."""
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a folder, got the file {text!r}")
@@ -802,9 +803,6 @@ def _clients(text: str) -> list[int]:
             f"ones, got {text!r}"
         )
     return values
-
-
-MAX_CLIENTS = 1000
 
 
 def _batch_sizes(text: str) -> list[int]:
