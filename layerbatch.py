@@ -1294,6 +1294,11 @@ def port_refused(host: str, port: int, exc: OSError) -> str:
 def cmd_client(ns: argparse.Namespace) -> int:
     from client.commands import client_command
 
+    if ns.offload == "local" and (ns.uplink or ns.downlink):
+        raise UsageError(
+            "layerbatch client: --uplink and --downlink pace what is sent: with --offload local "
+            "nothing is"
+        )
     if ns.arrival == "poisson":
         if ns.rate is None or ns.fps is not None:
             raise UsageError("layerbatch client: --arrival poisson takes --rate R (not --fps)")

@@ -146,6 +146,8 @@ def test_sim_capacity_takes_no_prefix_of_rates(capsys: pytest.CaptureFixture[str
             "argument --server: expected an http",
         ),
         (["client", *FAST_CLIENT, "--uplink-offset-s", "-1"], "argument --uplink-offset-s"),
+        (["client", *FAST_CLIENT, "--offload", "local", "--uplink", "verizon-lte-short.up"],
+         "with --offload local nothing is"),
         (["profile", "--model", CIFAR, "--out", "p.json", "--warmup", "-1"], "argument --warmup"),
         (["sim", "--profile", GOOGLENET, "--requests", "100000000000"],
          "argument --requests: expected a positive integer up to 10000000"),

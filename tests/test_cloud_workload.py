@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -78,6 +79,9 @@ def test_unknown_hardware() -> None:
         (("apps", "traffic", "slo_s"), 0.0, "apps.traffic.slo_s"),
         (("hardware", "P100", "price"), 0, "hardware.P100.price"),
         (("apps", "traffic", "slo_s"), True, "apps.traffic.slo_s"),
+        (("apps", "traffic", "slo_s"), math.inf, "apps.traffic.slo_s"),  # JSON's Infinity
+        (("apps", "traffic", "rate_rps", "M1"), math.inf, "apps.traffic.rate_rps.M1"),
+        (("hardware", "P100", "price"), math.inf, "hardware.P100.price"),
     ],
 )
 def test_non_positive_numbers(path: tuple[str, ...], value: object, where: str) -> None:

@@ -15,6 +15,7 @@ edges is a one-module app). `parse_workload` either returns a fully validated, i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -106,8 +107,8 @@ def _parse_hardware(raw: object, source: str) -> dict[str, float]:
     prices: dict[str, float] = {}
     for name, body in hardware.items():
         price = json_object(body, source, f"hardware.{name}").get("price")
-        if not is_number(price) or not price > 0:
-            raise InputError(source, f"hardware.{name}.price", "a positive number", price)
+        if not is_number(price) or not (math.isfinite(price) and price > 0):
+            raise InputError(source, f"hardware.{name}.price", "a positive finite number", price)
         prices[name] = float(price)
     return prices
 
@@ -135,8 +136,8 @@ def _parse_profile(
             raise InputError(source, f"{where}.batch", "a positive integer", batch)
         if not is_int(concurrency) or concurrency < 1:
             raise InputError(source, f"{where}.concurrency", "a positive integer", concurrency)
-        if not is_number(duration_s) or not duration_s > 0:
-            raise InputError(source, f"{where}.duration_s", "a positive number", duration_s)
+        if not is_number(duration_s) or not (math.isfinite(duration_s) and duration_s > 0):
+            raise InputError(source, f"{where}.duration_s", "a positive finite number", duration_s)
         configs.append(Config(hardware, batch, concurrency, float(duration_s), prices[hardware]))
     return tuple(configs)
 
@@ -173,12 +174,16 @@ def _parse_app(
     rates: dict[str, float] = {}
     for m in modules:
         rate = rates_raw.get(m)
-        if not is_number(rate) or not rate > 0:
-            raise InputError(source, f"{field}.rate_rps.{m}", "a positive request rate", rate)
+        if not is_number(rate) or not (math.isfinite(rate) and rate > 0):
+            raise InputError(
+                source, f"{field}.rate_rps.{m}", "a positive finite request rate", rate
+            )
         rates[m] = float(rate)
     slo = app.get("slo_s")
-    if not is_number(slo) or not slo > 0:
-        raise InputError(source, f"{field}.slo_s", "a positive latency objective in seconds", slo)
+    if not is_number(slo) or not (math.isfinite(slo) and slo > 0):
+        raise InputError(
+            source, f"{field}.slo_s", "a positive finite latency objective in seconds", slo
+        )
     order = _topological_order(modules, edges, source, field)
     return App(name, order, tuple(edges), rates, float(slo))
 
