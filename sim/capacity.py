@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,7 +118,10 @@ def sweep(
                 progress(1)
         return results
     ctx = mp.get_context("fork")
-    with ctx.Pool(jobs) as pool:
+    # Ctrl-C reaches the whole process group: the parent stops the pool, workers stay quiet
+    with ctx.Pool(
+        jobs, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    ) as pool:
         results = []
         for res in pool.imap(run_one, tasks):
             results.append(res)
