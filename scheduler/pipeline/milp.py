@@ -126,7 +126,10 @@ def candidates_or_refusal(
     *,
     prune: bool = True,
 ) -> list[Candidate]:
-    """The (pruned) candidates; InputError naming the smallest workable SLO if there are none."""
+    """The (pruned) candidates; InputError naming the smallest workable SLO if there are none
+    (or the cluster, if it has no GPU at all)."""
+    if not cluster.types_in_use():
+        raise InputError(cluster.source, "gpus", "at least one GPU (every count is 0)")
     cands = enumerate_candidates(profiles, cluster, slo_ms, margin, max_parts, max_mps, prune=prune)
     if cands:
         return cands
