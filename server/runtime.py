@@ -298,6 +298,9 @@ class Runtime:
         try:
             tensor, took_ms = await loop.run_in_executor(self._decode_pool, self._decode_timed, req)
             self._observe_decode(took_ms)
+        except asyncio.CancelledError:  # its client left while it was decoded: counted as such
+            self.metrics.answer(req.app, "cancelled", None, False)
+            raise
         finally:
             self._decoding.discard(rid)
         if self.failure is not None:  # the runner failed while this request was decoded

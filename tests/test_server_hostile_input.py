@@ -244,7 +244,7 @@ async def test_a_kserve_batch_refused_for_room_leaves_none_of_its_samples_queued
             assert set(runtime.pending) == {"good", "held"}
         assert (await held)[0] == 200
     # the sample admitted was still being decoded: withdrawn before it joined the queue
-    assert counters(runtime) == {f"{CIFAR}/ok": 2}
+    assert counters(runtime) == {f"{CIFAR}/ok": 2, f"{CIFAR}/cancelled": 1}
 
 
 # --- the WebSocket stream -------------------------------------------------------------------
