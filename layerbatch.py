@@ -378,8 +378,8 @@ def parser() -> argparse.ArgumentParser:
     meas.add_argument(
         "--out",
         type=_output_file,
-        required=True,
-        help="where to write the layerbatch.profile/1 JSON",
+        default=None,
+        help="where to write the layerbatch.profile/1 JSON (required unless --verify alone)",
     )
     meas.set_defaults(func=cmd_profile)
 
@@ -1141,6 +1141,10 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     from layerexec.profiler import max_abs_difference, profile_model, stacking_slowdown
     from scheduler.profile import dumps_profile, parse_profile
 
+    if ns.out is None and not ns.verify:
+        raise UsageError(
+            "layerbatch: profile needs --out FILE (or --verify alone, to check the stages)"
+        )
     known = f"one of {', '.join(sorted(zoo.MODELS))}"
     if ns.model not in zoo.MODELS:
         raise InputError("--model", "", known, ns.model)
@@ -1166,6 +1170,8 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         print(
             f"{ns.model}: {len(model.stages)} stages; largest |split - whole| = {max_abs_difference(model):.3g}"
         )
+        if ns.out is None:
+            return 0
     device_name = (
         f"{ns.device}-{ns.threads}t" if ns.device == "cpu" else torch.cuda.get_device_name(0)
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import layerbatch
 from tests.server_cases import free_port
@@ -251,3 +252,19 @@ def test_files_with_a_byte_order_mark_read_and_files_not_in_utf8_are_named(
     apps = tmp_path / "apps.json"
     apps.write_bytes(b"\xef\xbb\xbf" + b'{"apps": {"g": ["googlenet-v3-pytorch"]}}')
     assert layerbatch.main([*argv[:3], "--apps", str(apps), "--requests", "20", "--json"]) == 0
+
+
+def test_profile_needs_an_out_file_unless_it_only_verifies(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = refused(capsys, "profile", "--model", CIFAR)
+    assert line == "layerbatch: profile needs --out FILE (or --verify alone, to check the stages)"
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        assert layerbatch.main(["profile", "--model", CIFAR, "--verify", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert out.startswith(f"{CIFAR}: ") and "largest |split - whole| = " in out
+    assert list(tmp_path.iterdir()) == []  # verified only: nothing written
