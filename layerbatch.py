@@ -850,6 +850,10 @@ def _deployment_inputs(ns: argparse.Namespace) -> tuple[list[Any], list[Any], li
     from scheduler.snapshot import load_apps, with_model_apps
 
     profiles = [load_profile(_profile_path(p)) for p in ns.profile]
+    devices = sorted({p.device for p in profiles})
+    if len(devices) > 1:  # one simulated device runs every model at its profile's speed
+        expected = "profiles measured on one device (the models share one device here)"
+        raise InputError("--profile", "", expected, " and ".join(devices))
     named = load_apps(ns.apps) if ns.apps else []
     apps = with_model_apps(profiles, named)
     Deployment(profiles, apps, source=ns.apps or "--profile")  # apps name known models

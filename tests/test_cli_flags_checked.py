@@ -147,6 +147,9 @@ def test_sim_capacity_takes_no_prefix_of_rates(capsys: pytest.CaptureFixture[str
             "argument --server: expected an http",
         ),
         (["client", *FAST_CLIENT, "--uplink-offset-s", "-1"], "argument --uplink-offset-s"),
+        (["sim", "--profile", GOOGLENET, "--profile", "resnet18-cpu"],
+         "expected profiles measured on one device (the models share one device here), got "
+         "'V100-tensorrt-tf32 and cpu-2t'"),
         (["client", *FAST_CLIENT, "--offload", "local", "--uplink", "verizon-lte-short.up"],
          "with --offload local nothing is"),
         (["profile", "--model", CIFAR, "--out", "p.json", "--warmup", "-1"], "argument --warmup"),
