@@ -27,6 +27,7 @@ from typing import Any
 from scheduler.errors import InputError
 from scheduler.pipeline.milp import Cluster, Partition, Pipeline, PipelinePlan
 from scheduler.pipeline.profiles import ModelProfiles
+from scheduler.validate import is_number
 from sim.pipeline_layout import check_fits
 
 
@@ -176,11 +177,7 @@ def plan_from_json(
                 f"for {model}; simulate it with --model {model})",
             )
     slo = doc.get("slo_ms")
-    if slo is not None and (
-        not isinstance(slo, int | float)
-        or isinstance(slo, bool)
-        or not (math.isfinite(slo) and slo > 0)
-    ):
+    if slo is not None and not (is_number(slo) and math.isfinite(slo) and slo > 0):
         raise InputError(source, "slo_ms", "a positive number of ms (the plan's SLO)", slo)
     pipes_doc = doc.get("pipelines")
     if not isinstance(pipes_doc, list) or not pipes_doc:
