@@ -29,6 +29,15 @@ point x >= x_c where a ceiling steps up (or U_c) on the same workers, so some op
 candidate at such a point with w_{c,d} = ceil(x / r_{c,d}): a configuration (c, x). `configs`
 lists the configurations with UB(c, x) >= z; every solution worth z or more is made of them, at
 most one per candidate (the configuration MILP of `scheduler.pipeline.milp`).
+
+Several models (`scheduler.pipeline.shares`: maximise t s.t. X_g >= s_g t, X_g = sum_{c of g} x_c;
+a physical GPU serves one model). For weights lambda_g >= 0 with sum_g lambda_g s_g = 1, every
+solution has t <= sum_g lambda_g X_g. Summing each model's GPU counts per partition index turns
+every solution into one of the one-model problem over the union of the models' candidates, so
+`candidate_bounds` over the union, with model g's rates scaled by lambda_g (x' = lambda_g x),
+bounds t for every solution that uses c: UB(c) < z drops c from the search for t > z (and for the
+total at any t >= z). `share_weights` takes lambda from the duals of the share rows of the union's
+LP relaxation of max t, the weights that make sum_g lambda_g X_g's LP bound that relaxation's t.
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
+from scipy.sparse import coo_matrix, hstack, vstack
 
 from scheduler.pipeline.candidates import Candidate
 from scheduler.pipeline.cluster import Cluster
 
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 _CEIL_SLACK = 1e-9  # ceil(x / r - slack): may undercount a worker, never overcount (safe side)
 
 
@@ -77,11 +87,11 @@ def throughput_cap_rps(cand: Candidate, cluster: Cluster) -> float:
     )
 
 
-def lp_prices(
+def _relaxation(
     cands: Sequence[Candidate], cluster: Cluster
-) -> tuple[float, np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.float64]]]:
-    """(LP optimum, p[d, k], q[k]) of the relaxation max sum x_c s.t.
-    sum_{c,d at (d,k)} x_c / (r_{c,d} m_{c,d}) <= n_{d,k}, sum_d n_{d,k} <= N_k, bounds."""
+) -> tuple[Any, FloatArray, list[tuple[float, float]]]:
+    """(A, b, bounds) of the rows sum_{c,d at (d,k)} x_c / (r_{c,d} m_{c,d}) <= n_{d,k} and
+    sum_d n_{d,k} <= N_k over the columns x_c (input order), then n_{d,k} (d-major)."""
     types = sorted(cluster.gpus)
     parts = max(len(c.gpus) for c in cands)
     n_k = len(types)
@@ -104,12 +114,56 @@ def lp_prices(
     rhs = np.array([0.0] * (parts * n_k) + counts)
     bounds = [(0.0, throughput_cap_rps(c, cluster)) for c in cands]
     bounds += [(0.0, counts[k]) for _ in range(parts) for k in range(n_k)]
-    objective = np.concatenate([-np.ones(n_col), np.zeros(parts * n_k)])
-    res = linprog(objective, A_ub=matrix.tocsr(), b_ub=rhs, bounds=bounds, method="highs")
+    return matrix.tocsr(), rhs, bounds
+
+
+def lp_prices(cands: Sequence[Candidate], cluster: Cluster) -> tuple[float, FloatArray, FloatArray]:
+    """(LP optimum, p[d, k], q[k]) of the relaxation max sum x_c s.t.
+    sum_{c,d at (d,k)} x_c / (r_{c,d} m_{c,d}) <= n_{d,k}, sum_d n_{d,k} <= N_k, bounds."""
+    parts, n_k = max(len(c.gpus) for c in cands), len(cluster.gpus)
+    matrix, rhs, bounds = _relaxation(cands, cluster)
+    objective = np.concatenate([-np.ones(len(cands)), np.zeros(parts * n_k)])
+    res = linprog(objective, A_ub=matrix, b_ub=rhs, bounds=bounds, method="highs")
     if res.status != 0:
         return math.inf, np.zeros((parts, n_k)), np.zeros(n_k)
     duals = np.maximum(0.0, -np.asarray(res.ineqlin.marginals, dtype=float))
     return float(-res.fun), duals[: parts * n_k].reshape(parts, n_k), duals[parts * n_k :]
+
+
+def share_weights(
+    groups: Sequence[Sequence[Candidate]], cluster: Cluster, shares: Sequence[float]
+) -> FloatArray:
+    """lambda_g per model (see module: several models): >= 0, sum_g lambda_g s_g = 1, from the
+    union's LP relaxation of max t s.t. X_g >= s_g t; equal weights if that LP fails."""
+    union = [cand for cands in groups for cand in cands]
+    matrix, rhs, bounds = _relaxation(union, cluster)
+    n_col, n_g = matrix.shape[1], len(groups)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    start = 0
+    for g, (cands, share) in enumerate(zip(groups, shares, strict=True)):
+        rows += [g] * (len(cands) + 1)  # s_g t - X_g <= 0
+        cols += [*range(start, start + len(cands)), n_col]
+        vals += [-1.0] * len(cands) + [float(share)]
+        start += len(cands)
+    share_rows = coo_matrix((vals, (rows, cols)), shape=(n_g, n_col + 1))
+    objective = np.zeros(n_col + 1)
+    objective[n_col] = -1.0
+    res = linprog(
+        objective,
+        A_ub=vstack([hstack([matrix, coo_matrix((matrix.shape[0], 1))]), share_rows]).tocsr(),
+        b_ub=np.concatenate([rhs, np.zeros(n_g)]),
+        bounds=[*bounds, (0.0, None)],
+        method="highs",
+    )
+    weights = np.ones(n_g)
+    if res.status == 0:
+        weights = np.maximum(0.0, -np.asarray(res.ineqlin.marginals, dtype=float)[-n_g:])
+    total = float(weights @ np.asarray(shares, dtype=float))
+    if not total > 0:
+        weights, total = np.ones(n_g), float(sum(shares))
+    return weights / total
 
 
 def candidate_bounds(cands: Sequence[Candidate], cluster: Cluster) -> CandidateBounds:
