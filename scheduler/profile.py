@@ -9,7 +9,9 @@ sizes. `Profile.latency_ms(stage, b)` is defined for every integer b >= 0:
     measured points (never below the last measured latency);
   - b > `max_batch`: +inf (the batch does not fit).
 
-Loading guarantees every measured latency lies in [0, MAX_LATENCY_MS] (one hour), every batch
+Loading refuses a key the format does not name (PROFILE_KEYS, INPUT_KEYS, STAGE_KEYS,
+STACKING_KEYS), so a misspelt one is never silently ignored, and guarantees every measured
+latency lies in [0, MAX_LATENCY_MS] (one hour), every batch
 size, measured or `max_batch`, in [1, MAX_BATCH] and every stacking slowdown in
 (0, MAX_SLOWDOWN], so sums and squares of latencies over a whole model stay far from float
 overflow and latency tables up to `max_batch` stay small.
@@ -27,11 +29,30 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.errors import InputError
-from scheduler.validate import int_list, is_int, is_number, json_object, nonempty_str, read_json
+from scheduler.validate import MAX_LATENCY_MS as MAX_LATENCY_MS  # one hour (re-exported)
+from scheduler.validate import (
+    int_list,
+    is_int,
+    is_number,
+    json_object,
+    known_keys,
+    latency_at_most_an_hour,
+    nonempty_str,
+    read_json,
+)
 
 FORMAT = "layerbatch.profile/1"
-MAX_LATENCY_MS = 3_600_000.0  # one hour: the largest stage latency a profile may hold
 MAX_BATCH = 4096  # the largest batch size (measured or max_batch) a profile may name
+# The keys a profile may hold (a misspelt one is refused, not ignored): those read, then those
+# only recorded (how `layerbatch profile` measured: layout, weights, batch_norm,
+# memory_budget_mb; where a converted profile came from: source, sim/ppipe.py).
+PROFILE_KEYS = (
+    "format", "model", "device", "input", "batch_sizes", "stages", "max_batch", "stacking",
+    "layout", "weights", "batch_norm", "source", "memory_budget_mb",
+)  # fmt: skip
+INPUT_KEYS = ("shape", "dtype")
+STAGE_KEYS = ("name", "latency_ms", "out_shape", "out_bytes", "peak_bytes")
+STACKING_KEYS = ("slowdown", "batch")  # batch: the other model's, as measured (recorded)
 MAX_SLOWDOWN = 1000.0  # the largest stacking slowdown factor a profile may hold
 
 
@@ -225,14 +246,25 @@ def load_profile(path: str | Path) -> Profile:
     return parse_profile(read_json(path, FORMAT), str(path))
 
 
+def load_profile_of(path: str | Path, model: str, why: str) -> Profile:
+    """`load_profile`, refusing a file that holds another model's profile: the one sentence
+    names the file, the model expected (`why`: what expects it there) and the one it holds."""
+    profile = load_profile(path)
+    if profile.model != model:
+        raise InputError(str(path), "model", f"the profile of {model} ({why})", profile.model)
+    return profile
+
+
 def parse_profile(doc: object, source: str = "profile") -> Profile:
     """Validate a decoded `layerbatch.profile/1` document and build the `Profile`."""
     d = json_object(doc, source, "")
     if d.get("format") != FORMAT:
         raise InputError(source, "format", f'"{FORMAT}"', d.get("format"))
+    known_keys(d, PROFILE_KEYS, source, "")
     model = nonempty_str(d.get("model"), source, "model")
     device = nonempty_str(d.get("device"), source, "device")
     inp = json_object(d.get("input"), source, "input")
+    known_keys(inp, INPUT_KEYS, source, "input")
     shape = int_list(inp.get("shape"), source, "input.shape", positive=True)
     dtype = nonempty_str(inp.get("dtype"), source, "input.dtype")
     sizes = int_list(d.get("batch_sizes"), source, "batch_sizes", positive=True)
@@ -252,6 +284,7 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
     for k, raw in enumerate(raw_stages):
         where = f"stages[{k}]"
         s = json_object(raw, source, where)
+        known_keys(s, STAGE_KEYS, source, where)
         lat = s.get("latency_ms")
         if (
             not isinstance(lat, list)
@@ -265,13 +298,7 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
                 lat,
             )
         for i, x in enumerate(lat):
-            if x > MAX_LATENCY_MS:
-                raise InputError(
-                    source,
-                    f"{where}.latency_ms[{i}]",
-                    f"a latency of at most {MAX_LATENCY_MS:.0f} ms (one hour)",
-                    x,
-                )
+            latency_at_most_an_hour(x, "ms", source, f"{where}.latency_ms[{i}]")
         out_shape = s.get("out_shape")
         shape_t = (
             None
@@ -297,6 +324,8 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
     stacking = json_object(d.get("stacking", {}), source, "stacking")
     slowdown: dict[str, float] = {}
     for other, entry in stacking.items():
+        if isinstance(entry, dict):
+            known_keys(entry, STACKING_KEYS, source, f"stacking.{other}")
         factor = entry.get("slowdown") if isinstance(entry, dict) else None
         if not is_number(factor) or not 0 < factor <= MAX_SLOWDOWN:
             raise InputError(

@@ -10,6 +10,9 @@ from typing import Any, TypeGuard
 
 from scheduler.errors import InputError
 
+MAX_LATENCY_MS = 3_600_000.0  # one hour: the largest latency a profile or workload may hold
+_HOUR_IN = {"s": MAX_LATENCY_MS / 1000.0, "ms": MAX_LATENCY_MS, "us": MAX_LATENCY_MS * 1000.0}
+
 
 def read_json(path: str | Path, what: str) -> object:
     """Decode the JSON file at `path`; unreadable or invalid files raise `InputError`."""
@@ -49,6 +52,15 @@ def known_keys(doc: Mapping[str, Any], keys: Sequence[str], source: str, where: 
             hint = f"; did you mean {close[0]}?" if close else ""
             field = f"{where}.{key}" if where else str(key)
             raise InputError(source, field, f"only the keys {', '.join(keys)} (unknown key{hint})")
+
+
+def latency_at_most_an_hour(x: float, unit: str, source: str, field: str) -> None:
+    """Refuse a measured latency `x`, counted in `unit` ("s", "ms" or "us"), above one hour
+    (MAX_LATENCY_MS), naming the bound in that unit: sums and squares of latencies over a whole
+    model or pipeline then stay far from float overflow (1e300 ms would not)."""
+    bound = _HOUR_IN[unit]
+    if x > bound:
+        raise InputError(source, field, f"a latency of at most {bound:.0f} {unit} (one hour)", x)
 
 
 def nonempty_str(x: object, source: str, field: str) -> str:

@@ -23,7 +23,7 @@ from scheduler.deployment import (
     groups_by_duration,
 )
 from scheduler.errors import InputError
-from scheduler.profile import Profile, dumps_profile, load_profile
+from scheduler.profile import Profile, dumps_profile, load_profile_of
 from scheduler.types import App
 from server.metrics import Metrics
 from server.replicas import Replicas
@@ -45,7 +45,8 @@ def ensure_profile(
     directory: Path,
     progress: Callable[[str, int], Callable[[int], None]] | None,
 ) -> Profile:
-    """The model's CPU profile from `directory`, measured there first if it is missing."""
+    """The model's CPU profile from `directory`, measured there first if it is missing; a file
+    holding another model's profile, or another number of stages, is refused naming it."""
     path = profile_path(directory, model.name)
     if not path.exists():
         directory.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ def ensure_profile(
             device_name=f"cpu-{torch.get_num_threads()}t", max_batch=PROFILE_MAX_BATCH,
         )  # fmt: skip
         path.write_text(dumps_profile(doc))
-    profile = load_profile(path)
+    profile = load_profile_of(path, model.name, f"the model served from {path.name}")
     if profile.num_stages != len(model.stages):
         raise InputError(
             str(path), "stages", f"{len(model.stages)} stages for {model.name} (re-measure it)"

@@ -5,6 +5,12 @@ size from 1, microseconds, TensorRT tf32, MPS level m. `transfer-sizes/{model}.c
 sample crossing the cut after each block except the last, counted as fp16 (2 bytes a value).
 
     python -m sim.ppipe SRC_DIR OUT_DIR   # writes {model}-{gpu}.json for the shipped set
+
+The files are read by the pipeline planner's readers (`scheduler.pipeline.profiles`), so a bad
+cell is refused as it is there: one line naming the file, the row (and the column) and what was
+expected, e.g. a latency above an hour. A transfer-sizes file must hold one size per cut (a row
+fewer than the block timings); each profile is validated by `scheduler.profile.parse_profile`
+before it is written, so the converter never writes one that the loader would refuse.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.profile import dumps_profile
+from scheduler.errors import InputError
+from scheduler.pipeline.profiles import read_block_timing_us, read_cut_bytes
+from scheduler.profile import dumps_profile, parse_profile
 
 # model -> input shape (C, H, W) of the network as PPipe profiled it
 SHIPPED = {
@@ -36,13 +44,20 @@ MAX_BATCH = 32
 
 
 def load_block_timing_us(path: Path) -> np.ndarray:
-    """[blocks, batch sizes 1..n] in microseconds."""
-    rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    return np.array([[float(x) for x in ln.split(",")] for ln in rows])
+    """[blocks, batch sizes 1..n] in microseconds, each positive and at most an hour;
+    InputError (one line naming the file and the row) otherwise."""
+    return np.array(read_block_timing_us(path))
 
 
-def load_transfer_bytes(path: Path) -> list[int]:
-    return [int(float(ln)) for ln in path.read_text().splitlines() if ln.strip()]
+def load_transfer_bytes(path: Path, blocks: int) -> list[int]:
+    """Bytes per sample (fp16) of each of the `blocks - 1` cuts, one integer per row;
+    InputError (one line naming the file) otherwise."""
+    sizes = list(read_cut_bytes(path))
+    if len(sizes) != blocks - 1:
+        raise InputError(
+            str(path), "", f"a size per cut, {blocks - 1} for the {blocks} blocks timed", len(sizes)
+        )
+    return sizes
 
 
 def profile_json(
@@ -74,15 +89,30 @@ def profile_json(
     }
 
 
-def main(argv: list[str]) -> int:
-    src, out = Path(argv[0]), Path(argv[1])
-    out.mkdir(parents=True, exist_ok=True)
+def convert(src: Path, out: Path) -> None:
+    """Write `{model}-{gpu}.json` under `out` for every SHIPPED model and GPU from PPipe's
+    `src/block-timing-tf32/` and `src/transfer-sizes/`; InputError on the first bad file."""
     for model, shape in SHIPPED.items():
-        transfer = load_transfer_bytes(src / "transfer-sizes" / f"{model}.csv")
         for gpu in GPUS:
             timing = load_block_timing_us(src / "block-timing-tf32" / f"{model}-{gpu}-1.csv")
+            transfer_file = src / "transfer-sizes" / f"{model}.csv"
+            transfer = load_transfer_bytes(transfer_file, timing.shape[0])
             doc = profile_json(model, gpu, timing, transfer, shape)
-            (out / f"{SHORT.get(model, model)}-{gpu}.json").write_text(dumps_profile(doc))
+            target = out / f"{SHORT.get(model, model)}-{gpu}.json"
+            parse_profile(doc, str(target))  # what every reader of it will check
+            out.mkdir(parents=True, exist_ok=True)
+            target.write_text(dumps_profile(doc))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m sim.ppipe SRC_DIR OUT_DIR", file=sys.stderr)
+        return 2
+    try:
+        convert(Path(argv[0]), Path(argv[1]))
+    except InputError as exc:
+        print(f"sim.ppipe: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -73,6 +73,11 @@ def test_one_config_per_module_never_costs_less(
         (lambda d: d["apps"]["traffic"]["edges"].append(["M2", "M1"]), "M1 -> M2 -> M1"),
         (lambda d: d["modules"].pop("M2"), "M2"),
         (lambda d: d["apps"]["traffic"].__setitem__("slo_s", 0.01), "slo_s"),
+        (
+            lambda d: d["modules"]["M2"]["profile"][1].__setitem__("duration_s", 1e300),
+            "modules.M2.profile[1].duration_s: expected a latency of at most 3600 s (one hour), "
+            "got 1e+300",
+        ),
     ],
 )
 def test_bad_workloads_are_one_line_and_exit_2(
@@ -123,4 +128,21 @@ def test_the_readmes_workload_example_plans(
     after = readme.split("W.json names hardware", 1)[1]
     example = after.split("```json\n", 1)[1].split("```", 1)[0]
     assert layerbatch.main(["plan", "--workload", write(tmp_path, json.loads(example))]) == 0
+    assert capsys.readouterr().out.startswith("cost ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--system", "harpagon", "--no-dummy", "--no-reassign", "--no-merge", "--no-cost-direct",
+         "--no-exchange", "--split", "lc"],
+        ["--system", "piccolo", "--no-dummy", "--no-reassign", "--split", "throughput"],
+        ["--system", "optimal", "--no-dummy"],
+        ["--system", "nexus", "--split", "even"],
+    ],
+)  # fmt: skip
+def test_plan_takes_every_switch_of_the_system_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    assert layerbatch.main(["plan", "--workload", write(tmp_path, WORKLOAD), *argv]) == 0
     assert capsys.readouterr().out.startswith("cost ")

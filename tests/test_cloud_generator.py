@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,45 @@ def test_bad_measurement_directory_is_one_sentence(tmp_path: Path) -> None:
         load_catalog(tmp_path)
     assert "\n" not in str(err.value)
     assert str(tmp_path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "field"),
+    [
+        (
+            "ppipe/cyclegan-L4-1.csv",
+            lambda text: text.replace("778,", "1e300,", 1),
+            "row 1, column 1: expected a latency of at most 3600000000 us (one hour), got 1e+300",
+        ),
+        (  # each block within an hour, the whole model (their sum) not
+            "ppipe/cyclegan-L4-1.csv",
+            lambda text: text.replace("778,", "3e9,", 1).replace("\n1124,", "\n3e9,", 1),
+            "batch 1 (summed over its blocks): expected a latency of at most 3600000000 us "
+            "(one hour), got 6000005132.0",
+        ),
+        (
+            "nexus/caffe_vgg16_1.txt",
+            lambda text: text.replace("\n2,14499,", "\n2,1e300,", 1),
+            "batch 2: expected a latency of at most 3600000000 us (one hour), got 1e+300",
+        ),
+        (
+            "nexus/caffe_vgg16_1.txt",
+            lambda text: text.replace("\n2,14499,", "\n2,fast,", 1),
+            "batch 2: expected a latency in microseconds, got 'fast'",
+        ),
+    ],
+)
+def test_a_measured_latency_above_an_hour_is_refused_naming_file_and_batch(
+    tmp_path: Path, name: str, edit: Any, field: str
+) -> None:
+    shutil.copytree(DATA_DIR, tmp_path, dirs_exist_ok=True)
+    path = tmp_path / name
+    text = path.read_text()
+    path.write_text(edit(text))
+    assert path.read_text() != text
+    with pytest.raises(InputError) as err:
+        load_catalog(tmp_path)
+    assert str(err.value) == f"{path}: {field}"
 
 
 def test_bundled_data_has_license_and_notice() -> None:

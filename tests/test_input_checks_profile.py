@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from scheduler.errors import InputError
@@ -20,6 +21,7 @@ from scheduler.profile import (
     coarsen,
     parse_profile,
 )
+from sim.ppipe import profile_json
 from tests.sim_cases import REPO
 
 PROFILES = REPO / "traces" / "data" / "profiles"
@@ -80,8 +82,67 @@ def test_an_absurd_stacking_slowdown_is_refused_by_name(factor: float) -> None:
 def test_every_shipped_profile_still_loads() -> None:
     paths = sorted(PROFILES.glob("*.json"))
     assert len(paths) > 10
+    paths += sorted((REPO / "bench" / "results").glob("profiles-*/*/*.json"))  # measured ones
     for path in paths:
         parse_profile(json.loads(path.read_text()), str(path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(max_btach=8),
+         "p.json: max_btach: expected only the keys format, model, device, input, batch_sizes, "
+         "stages, max_batch, stacking, layout, weights, batch_norm, source, memory_budget_mb "
+         "(unknown key; did you mean max_batch?)"),
+        (lambda d: d["input"].update(dtpye="float16"),
+         "p.json: input.dtpye: expected only the keys shape, dtype (unknown key; did you mean "
+         "dtype?)"),
+        (lambda d: d["stages"][3].update(latency=[1.0]),
+         "p.json: stages[3].latency: expected only the keys name, latency_ms, out_shape, "
+         "out_bytes, peak_bytes (unknown key; did you mean latency_ms?)"),
+        (lambda d: d.update(stacking={"resnet50": {"slowdwon": 1.5, "slowdown": 1.2}}),
+         "p.json: stacking.resnet50.slowdwon: expected only the keys slowdown, batch (unknown "
+         "key; did you mean slowdown?)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_is_refused_naming_it_and_the_closest_known_one(
+    edit: Any, message: str
+) -> None:
+    doc = copy.deepcopy(BASE)
+    edit(doc)
+    assert refusal(doc) == message
+
+
+def test_what_the_project_writes_reads_back() -> None:
+    """`Profile.to_json`, the PPipe conversion (sim/ppipe.py) and the extra keys
+    `layerbatch profile` writes (layout, weights, batch_norm, memory_budget_mb, stacking with
+    its batch) all load."""
+    profile = parse_profile(BASE, "p.json")
+    assert parse_profile(profile.to_json(), "again.json") == profile
+    measured = with_change(
+        layout="channels_last", weights="seeded", batch_norm="folded", memory_budget_mb=64.0,
+        stacking={"resnet50": {"batch": 1, "slowdown": 1.5}},
+    )  # fmt: skip
+    assert parse_profile(measured).stacking_slowdown == {"resnet50": 1.5}
+    converted = profile_json("toy", "T4", np.ones((2, 3)) * 1000.0, [4096], [3, 8, 8])
+    assert parse_profile(converted).num_stages == 2
+
+
+def test_the_cli_answers_a_misspelt_key_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import layerbatch
+
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(with_change(max_batchsize=64)))
+    code = layerbatch.main(["sim", "--profile", str(profile), "--requests", "10"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        f"layerbatch: {profile}: max_batchsize: expected only the keys format, model, device, "
+        "input, batch_sizes, stages, max_batch, stacking, layout, weights, batch_norm, source, "
+        "memory_budget_mb (unknown key; did you mean max_batch?)"
+    ]
 
 
 def test_the_cli_answers_an_absurd_latency_with_one_line(

@@ -315,6 +315,20 @@ def test_profile_verb_derives_max_batch_from_a_memory_budget(
     assert raw["max_batch"] == batch_bound(peaks, 2**20, cap=2)
 
 
+def test_profile_verb_output_with_every_key_it_writes_loads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader refuses keys it does not know; those `layerbatch profile` writes beside the
+    format's (layout, weights, batch_norm, memory_budget_mb, stacking's batch) it knows."""
+    extra = ("--memory-mb", "64", "--stack-with", "resnet20_cifar10")
+    assert layerbatch.main(_profile_cli(tmp_path, *extra)) == 0
+    raw = json.loads((tmp_path / "p.json").read_text())
+    assert {"layout", "weights", "batch_norm", "memory_budget_mb"} <= set(raw)
+    assert set(raw["stacking"]["resnet20_cifar10"]) == {"batch", "slowdown"}
+    p = load_profile(tmp_path / "p.json")
+    assert set(p.stacking_slowdown) == {"resnet20_cifar10"}
+
+
 def test_profile_verb_with_an_unknown_model_lists_the_known_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

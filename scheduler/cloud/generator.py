@@ -67,7 +67,6 @@ plus building its document (about 0.2 ms), so 1,000 workloads take well under a 
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +78,8 @@ import numpy as np
 
 from scheduler.cloud.workload import App, Config
 from scheduler.errors import InputError
+from scheduler.pipeline.profiles import read_block_timing_us
+from scheduler.validate import latency_at_most_an_hour
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "traces" / "data" / "profiles" / "cloud"
 
@@ -224,7 +225,8 @@ def load_catalog(directory: Path = DATA_DIR) -> Catalog:
     """Read the bundled measurements under `directory` (layout of traces/data/profiles/cloud).
 
     Raises `InputError` naming the file for a missing or malformed one. Guaranteed: every row
-    has batch >= 1, concurrency >= 1 and duration_s > 0."""
+    has batch >= 1, concurrency >= 1 and 0 < duration_s <= 3600 (an hour, as `parse_workload`
+    takes)."""
     rows: dict[str, tuple[Row, ...]] = {}
     for key, where in MODELS.items():
         if where.kind == "ppipe":
@@ -253,18 +255,11 @@ def _read_lines(path: Path) -> list[str]:
 
 def _ppipe_model_us(path: Path) -> list[float]:
     """Whole-model microseconds per batch size 1..k: the column sums of a per-block CSV."""
-    blocks = [r for r in csv.reader(_read_lines(path)) if r]
-    try:
-        table = [[float(x) for x in r] for r in blocks]
-    except ValueError:
-        raise InputError(str(path), "", "rows of comma-separated microseconds") from None
-    if (
-        not table
-        or any(len(r) != len(table[0]) for r in table)
-        or not all(x > 0 for r in table for x in r)
-    ):
-        raise InputError(str(path), "", "equally long rows of positive microseconds")
-    return [sum(r[j] for r in table) for j in range(len(table[0]))]
+    table = read_block_timing_us(path)
+    sums = [sum(r[j] for r in table) for j in range(len(table[0]))]
+    for j, us in enumerate(sums):  # a module's duration: `parse_workload` takes up to an hour
+        latency_at_most_an_hour(us, "us", str(path), f"batch {j + 1} (summed over its blocks)")
+    return sums
 
 
 def _nexus_forward_us(path: Path) -> dict[int, float]:
@@ -279,7 +274,14 @@ def _nexus_forward_us(path: Path) -> dict[int, float]:
         cells = line.split(",")
         if len(cells) != 4 or not cells[0].isdigit():
             break
-        table[int(cells[0])] = float(cells[1])
+        try:
+            us = float(cells[1])
+        except ValueError:
+            raise InputError(
+                str(path), f"batch {cells[0]}", "a latency in microseconds", cells[1]
+            ) from None
+        latency_at_most_an_hour(us, "us", str(path), f"batch {cells[0]}")
+        table[int(cells[0])] = us
     if not table or not all(v > 0 for v in table.values()):
         raise InputError(str(path), "", "a non-empty table of positive latencies")
     return table

@@ -123,6 +123,31 @@ SYSTEMS: dict[str, System] = {
 _SELECT: dict[str, Select] = {"lc": "lc", "throughput": "throughput", "greedy": "cost"}
 
 
+def switches_used(system: str, split: str | None = None) -> frozenset[str]:
+    """The switches of `plan` that can change a plan of `system` (with `split` in place of its
+    own, if given): "split" if the system has a split to replace (all but `optimal`, which
+    searches), and each feature the system has and runs, which the switch turns off: "dummy"
+    (dummy requests, also in `optimal`'s search), "reassign" and "exchange" (after a heuristic
+    split, not a search), "merge" and "cost_direct" (steps of the "lc" split). Turning off a
+    feature not listed changes nothing: e.g. `optimal` seeds its search with harpagon's and
+    piccolo's own features, whatever the switches say.
+
+    Raises `InputError` for an unknown system or split."""
+    if system not in SYSTEMS:
+        raise InputError("--system", "", f"one of {', '.join(SYSTEMS)}", system)
+    spec = SYSTEMS[system]
+    searches = spec.split == "exact"
+    kind, _ = _parse_split(spec.split if split is None or searches else split)
+    used = set() if searches else {"split"}
+    if spec.dummy != "none":
+        used.add("dummy")
+    if kind != "exact":
+        used.update(name for name in ("reassign", "exchange") if getattr(spec, name))
+    if kind == "lc":
+        used.update(name for name in ("merge", "cost_direct") if getattr(spec, name))
+    return frozenset(used)
+
+
 def plan(
     workload: Workload,
     system: str = "harpagon",

@@ -11,6 +11,12 @@ A workload document is JSON of the form
 An app's modules are the ends of its edges plus the keys of its `rate_rps` (a module with no
 edges is a one-module app). `parse_workload` either returns a fully validated, immutable
 `Workload` or raises `InputError` with one sentence naming the field and what was expected.
+
+Every number is bounded (the constants below; durations and SLOs at most an hour,
+`validate.MAX_LATENCY_MS`), so that a plan's machine counts, costs and worst cases stay finite
+and exact enough to compare, and its searches short: out of these bounds a tiny duration or rate
+divided to inf and a huge batch overflowed float (tracebacks), a huge price or SLO kept `plan`
+searching for over 20 s on a two-module app.
 """
 
 from __future__ import annotations
@@ -20,14 +26,44 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler.errors import InputError
-from scheduler.validate import is_int, is_number, json_object, nonempty_str
+from scheduler.profile import MAX_BATCH
+from scheduler.validate import (
+    is_int,
+    is_number,
+    json_object,
+    known_keys,
+    latency_at_most_an_hour,
+    nonempty_str,
+)
+
+# Concurrent batches on one machine: MPS serves at most 48 clients per GPU (Volta and later), so
+# 1024 leaves room for a machine of many GPUs; with MAX_BATCH and MIN_DURATION_S it keeps a
+# machine's throughput b x s / d below 5e15 req/s.
+MAX_CONCURRENCY = 1024
+# A microsecond: no batch of a DNN module runs faster (a kernel launch alone takes several);
+# a denormal such as 5e-324 s made b x s / d infinite.
+MIN_DURATION_S = 1e-6
+# Request rates of one module, per second. 1e9 is about a thousand times the busiest inference
+# service's total: no real workload reaches it, and with durations of at most an hour a module
+# then needs at most 3.6e12 machines, a count a float holds exactly (below 2**53), so costs stay
+# finite and comparable. 1e-6 is one request in about twelve days; a batch's fill time b / rate
+# then stays finite (5e-324 divided to inf).
+MIN_RATE_RPS = 1e-6
+MAX_RATE_RPS = 1e9
+# Prices per machine-hour, in any currency (the planner only compares costs): 1e-9 to 1e9 spans
+# cents per millisecond to any machine there is; throughput / price and machines x price stay
+# finite (with prices of 1e300 `plan` searched for over 20 s, with 1e-300 the cost was 0).
+MIN_PRICE = 1e-9
+MAX_PRICE = 1e9
 
 
 @dataclass(frozen=True)
 class Config:
     """One profiled module configuration: `batch` requests per batch on one `hardware` machine
     running `concurrency` batches side by side (spatial multiplexing), each batch taking
-    `duration_s`. Guaranteed: batch >= 1, concurrency >= 1, duration_s > 0, price > 0 (per machine)."""
+    `duration_s`. Guaranteed by `parse_workload`: 1 <= batch <= MAX_BATCH,
+    1 <= concurrency <= MAX_CONCURRENCY, MIN_DURATION_S <= duration_s <= 3600 (an hour),
+    MIN_PRICE <= price <= MAX_PRICE (per machine)."""
 
     hardware: str
     batch: int
@@ -49,7 +85,8 @@ class Config:
 @dataclass(frozen=True)
 class App:
     """One application: a DAG over `modules` (topologically ordered), its per-module request
-    rates and its end-to-end latency objective. Guaranteed acyclic, every rate and the SLO > 0."""
+    rates and its end-to-end latency objective. Guaranteed acyclic, every rate in
+    [MIN_RATE_RPS, MAX_RATE_RPS], 0 < slo_s <= 3600 (an hour)."""
 
     name: str
     modules: tuple[str, ...]
@@ -72,10 +109,12 @@ class Workload:
 def parse_workload(doc: object, source: str = "workload") -> Workload:
     """Validate a decoded workload JSON document; raise `InputError` on the first problem.
 
-    Refused: unknown hardware in a profile row, a non-positive price, batch, concurrency,
-    duration, rate or SLO, a module an app uses without a profile, a module used by two apps
-    (not supported yet), a cycle in an app's DAG (the cycle is named)."""
+    Refused: a key the format does not name (the nearest one is suggested), unknown hardware in a profile row, a price, batch, concurrency, duration, rate or
+    SLO out of its bounds (the constants above; a duration or SLO above an hour,
+    `validate.MAX_LATENCY_MS`), a module an app uses without a profile, a module used by two
+    apps (not supported yet), a cycle in an app's DAG (the cycle is named)."""
     top = json_object(doc, source, "")
+    known_keys(top, ("hardware", "modules", "apps"), source, "")
     prices = _parse_hardware(top.get("hardware"), source)
     raw_modules = json_object(top.get("modules"), source, "modules")
     profiles: dict[str, tuple[Config, ...]] = {}
@@ -106,9 +145,16 @@ def _parse_hardware(raw: object, source: str) -> dict[str, float]:
         raise InputError(source, "hardware", "at least one hardware type with a price")
     prices: dict[str, float] = {}
     for name, body in hardware.items():
-        price = json_object(body, source, f"hardware.{name}").get("price")
-        if not is_number(price) or not (math.isfinite(price) and price > 0):
-            raise InputError(source, f"hardware.{name}.price", "a positive finite number", price)
+        entry = json_object(body, source, f"hardware.{name}")
+        known_keys(entry, ("price",), source, f"hardware.{name}")
+        price = entry.get("price")
+        if not is_number(price) or not MIN_PRICE <= price <= MAX_PRICE:
+            raise InputError(
+                source,
+                f"hardware.{name}.price",
+                f"a price per machine-hour from {MIN_PRICE:g} to {MAX_PRICE:g}",
+                price,
+            )
         prices[name] = float(price)
     return prices
 
@@ -116,13 +162,16 @@ def _parse_hardware(raw: object, source: str) -> dict[str, float]:
 def _parse_profile(
     body: object, prices: Mapping[str, float], source: str, field: str
 ) -> tuple[Config, ...]:
-    rows = json_object(body, source, field).get("profile")
+    module = json_object(body, source, field)
+    known_keys(module, ("profile",), source, field)
+    rows = module.get("profile")
     if not isinstance(rows, list) or not rows:
         raise InputError(source, f"{field}.profile", "a non-empty list of profile rows", rows)
     configs: list[Config] = []
     for i, row_raw in enumerate(rows):
         where = f"{field}.profile[{i}]"
         row = json_object(row_raw, source, where)
+        known_keys(row, ("hardware", "batch", "concurrency", "duration_s"), source, where)
         hardware = nonempty_str(row.get("hardware"), source, f"{where}.hardware")
         if hardware not in prices:
             known = ", ".join(sorted(prices))
@@ -132,12 +181,23 @@ def _parse_profile(
         batch = row.get("batch")
         concurrency = row.get("concurrency", 1)
         duration_s = row.get("duration_s")
-        if not is_int(batch) or batch < 1:
-            raise InputError(source, f"{where}.batch", "a positive integer", batch)
-        if not is_int(concurrency) or concurrency < 1:
-            raise InputError(source, f"{where}.concurrency", "a positive integer", concurrency)
-        if not is_number(duration_s) or not (math.isfinite(duration_s) and duration_s > 0):
-            raise InputError(source, f"{where}.duration_s", "a positive finite number", duration_s)
+        if not is_int(batch) or not 1 <= batch <= MAX_BATCH:
+            raise InputError(source, f"{where}.batch", f"an integer from 1 to {MAX_BATCH}", batch)
+        if not is_int(concurrency) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise InputError(
+                source,
+                f"{where}.concurrency",
+                f"an integer from 1 to {MAX_CONCURRENCY}",
+                concurrency,
+            )
+        if not is_number(duration_s) or not duration_s >= MIN_DURATION_S:
+            raise InputError(
+                source,
+                f"{where}.duration_s",
+                f"a duration of at least {MIN_DURATION_S:g} s (a microsecond)",
+                duration_s,
+            )
+        latency_at_most_an_hour(duration_s, "s", source, f"{where}.duration_s")
         configs.append(Config(hardware, batch, concurrency, float(duration_s), prices[hardware]))
     return tuple(configs)
 
@@ -147,6 +207,7 @@ def _parse_app(
 ) -> App:
     field = f"apps.{name}"
     app = json_object(body, source, field)
+    known_keys(app, ("edges", "rate_rps", "slo_s"), source, field)
     raw_edges = app.get("edges", [])
     if not isinstance(raw_edges, list):
         raise InputError(source, f"{field}.edges", "a list of [from, to] module pairs", raw_edges)
@@ -174,9 +235,12 @@ def _parse_app(
     rates: dict[str, float] = {}
     for m in modules:
         rate = rates_raw.get(m)
-        if not is_number(rate) or not (math.isfinite(rate) and rate > 0):
+        if not is_number(rate) or not MIN_RATE_RPS <= rate <= MAX_RATE_RPS:
             raise InputError(
-                source, f"{field}.rate_rps.{m}", "a positive finite request rate", rate
+                source,
+                f"{field}.rate_rps.{m}",
+                f"a request rate from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g} per second",
+                rate,
             )
         rates[m] = float(rate)
     slo = app.get("slo_s")
@@ -184,6 +248,7 @@ def _parse_app(
         raise InputError(
             source, f"{field}.slo_s", "a positive finite latency objective in seconds", slo
         )
+    latency_at_most_an_hour(slo, "s", source, f"{field}.slo_s")  # longer is no serving SLO
     order = _topological_order(modules, edges, source, field)
     return App(name, order, tuple(edges), rates, float(slo))
 

@@ -21,18 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.errors import InputError
+from scheduler.validate import latency_at_most_an_hour
 
 TIMING_SUBDIR = "block-timing-tf32"
 TRANSFER_SUBDIR = "transfer-sizes"
+# A tebibyte per sample: more than any GPU's memory, let alone one feature map, holds; transfer
+# times (bits over the NIC's bandwidth) stay finite (a cut of 10**400 bytes overflowed float).
+MAX_CUT_BYTES = 2**40
 
 
 @dataclass(frozen=True)
 class ModelProfiles:
     """All block timings of one model and its cut sizes.
 
-    Guarantees (checked by `load_model_profiles` and `__post_init__`): every table has
-    `num_blocks` rows of the same positive length (batch sizes 1..max_batch), all latencies are
-    positive, and `cut_bytes` has `num_blocks - 1` non-negative entries.
+    Guarantees (checked by `__post_init__`, whether the tables were read from CSV files or built
+    in code): every table has `num_blocks` rows of the same positive length (batch sizes
+    1..max_batch), every latency is positive and at most an hour (`validate.MAX_LATENCY_MS`;
+    `check_latencies`), and `cut_bytes` has `num_blocks - 1` entries from 0 to MAX_CUT_BYTES.
     """
 
     model: str
@@ -51,8 +56,13 @@ class ModelProfiles:
                 f"{self.num_blocks - 1} cut sizes for {self.num_blocks} blocks",
                 len(self.cut_bytes),
             )
-        if any(size < 0 for size in self.cut_bytes):
-            raise InputError(self.model, "transfer sizes", "non-negative bytes", self.cut_bytes)
+        if any(not 0 <= size <= MAX_CUT_BYTES for size in self.cut_bytes):
+            raise InputError(
+                self.model,
+                "transfer sizes",
+                f"byte counts from 0 to {MAX_CUT_BYTES}",
+                self.cut_bytes,
+            )
         for (gpu, mps), table in self.latency_us.items():
             where = f"{self.model}-{gpu}-{mps}"
             if len(table) != self.num_blocks:
@@ -65,8 +75,7 @@ class ModelProfiles:
                     "the same positive number of batch sizes per block",
                     sorted(widths),
                 )
-            if any(not value > 0 for row in table for value in row):
-                raise InputError(where, "latency_us", "positive microseconds")
+            check_latencies(table, where)
 
     def gpus(self) -> tuple[str, ...]:
         """GPU types with at least one table, sorted."""
@@ -97,13 +106,40 @@ class ModelProfiles:
             )
 
 
+def check_latencies(table: Sequence[Sequence[float]], source: str) -> None:
+    """Refuse the first latency of `table` (a row per block, a column per batch size from 1,
+    microseconds) that is not positive or is above an hour (`validate.MAX_LATENCY_MS`; inf and
+    nan too), naming `source` (the CSV file, or `{model}-{gpu}-{mps}` for a table built in
+    code), its row and its column, both counted from 1 as in the file."""
+    for number, row in enumerate(table, start=1):
+        for column, value in enumerate(row, start=1):
+            where = f"row {number}, column {column}"
+            if not value > 0:
+                raise InputError(source, where, "positive microseconds", value)
+            latency_at_most_an_hour(value, "us", source, where)
+
+
 def _read_rows(path: Path) -> list[list[str]]:
-    with path.open(newline="") as handle:
-        return [row for row in csv.reader(handle) if row and any(cell.strip() for cell in row)]
+    """The CSV file's rows that hold something (blank lines skipped: "row N" counts the rest);
+    an unreadable file raises InputError naming it."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            return [row for row in csv.reader(handle) if row and any(c.strip() for c in row)]
+    except OSError as exc:
+        raise InputError(str(path), "", "a readable CSV file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(str(path), "", f"a CSV file in UTF-8 ({exc.reason})") from None
+    except csv.Error as exc:
+        raise InputError(str(path), "", f"a CSV file ({exc})") from None
 
 
-def _read_table(path: Path) -> tuple[tuple[float, ...], ...]:
-    rows = []
+def read_block_timing_us(path: Path) -> tuple[tuple[float, ...], ...]:
+    """A PPipe block-timing CSV file: a row per block, a column per batch size from 1, in
+    microseconds. Raises InputError naming the file (and the row, and the column where there is
+    one) for an empty file, a cell that is not a number, rows of different lengths, or a
+    latency `check_latencies` refuses (checked here so that a bad cell is named with its file;
+    `ModelProfiles.__post_init__` runs the same check again on every table)."""
+    rows: list[tuple[float, ...]] = []
     for number, row in enumerate(_read_rows(path), start=1):
         try:
             rows.append(tuple(float(cell) for cell in row))
@@ -111,16 +147,31 @@ def _read_table(path: Path) -> tuple[tuple[float, ...], ...]:
             raise InputError(
                 str(path), f"row {number}", "comma-separated microseconds", row
             ) from None
+        if len(rows[-1]) != len(rows[0]):
+            raise InputError(
+                str(path), f"row {number}", f"{len(rows[0])} batch sizes like row 1", len(row)
+            )
+    if not rows:
+        raise InputError(str(path), "", "a row of block timings per block (it holds none)")
+    check_latencies(rows, str(path))
     return tuple(rows)
 
 
-def _read_cuts(path: Path) -> tuple[int, ...]:
+def read_cut_bytes(path: Path) -> tuple[int, ...]:
+    """A PPipe transfer-sizes CSV file: a row per cut between consecutive blocks, one integer,
+    the bytes per sample crossing it. Raises InputError naming the file and the row for a row
+    that is not one integer from 0 to MAX_CUT_BYTES."""
     cuts = []
     for number, row in enumerate(_read_rows(path), start=1):
         try:
-            cuts.append(int(row[0]))
+            size = int(row[0]) if len(row) == 1 else -1
         except ValueError:
-            raise InputError(str(path), f"row {number}", "an integer byte count", row) from None
+            size = -1
+        if not 0 <= size <= MAX_CUT_BYTES:
+            raise InputError(
+                str(path), f"row {number}", f"one byte count from 0 to {MAX_CUT_BYTES} (a TiB)", row
+            )
+        cuts.append(size)
     return tuple(cuts)
 
 
@@ -185,7 +236,7 @@ def load_model_profiles(
             continue
         if gpus is not None and gpu not in gpus:
             continue
-        tables[(gpu, mps)] = _read_table(path)
+        tables[(gpu, mps)] = read_block_timing_us(path)
     if not tables and not any(
         path.stem.rsplit("-", 2)[0] == model for path in timing_dir.glob(f"{model}-*.csv")
     ):
@@ -205,5 +256,5 @@ def load_model_profiles(
     if not tables:
         raise InputError(str(timing_dir), "gpus", f"at least one GPU type for model {model}", gpus)
     num_blocks = len(next(iter(tables.values())))
-    cuts = _read_cuts(_transfer_file(profiles_dir, model, transfer_dir))
+    cuts = read_cut_bytes(_transfer_file(profiles_dir, model, transfer_dir))
     return ModelProfiles(model=model, num_blocks=num_blocks, latency_us=tables, cut_bytes=cuts)
