@@ -1223,13 +1223,13 @@ def cmd_profile(ns: argparse.Namespace) -> int:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
-    from aiohttp import web
     from tqdm import tqdm
 
     from layerexec import zoo
     from layerexec.torch_thread import yield_to_torch
-    from server.app import ServerConfig, make_app
-    from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime
+    from scheduler.profile import load_profile_of
+    from server.app import ServerConfig, make_app, serve
+    from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime, profile_path
 
     def progress(model: str, total: int) -> Any:
         bar = tqdm(total=total, desc=f"measuring {model}", unit="stage", file=sys.stderr)
@@ -1244,11 +1244,16 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         raise InputError("--apps", "", expected, ", ".join(unknown))
     if ns.admin_token == "":
         raise InputError("--admin-token", "", "a non-empty token (or no --admin-token)", "")
+    folder = Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES
+    for app in apps:  # a file of another model's is named now, not as the deployment's fault
+        path = profile_path(folder, app)
+        if path.exists():  # (a missing one is measured there once the model has loaded)
+            load_profile_of(path, app, "the model --apps serves from this file")
     check_port_free(ns.host, ns.port)  # before the models load, which takes a while
     print(f"loading {', '.join(apps)} ...", file=sys.stderr)
     threads = ns.threads or max(1, ((os.cpu_count() or 2) - 1) // ns.replicas)
     runtime = build_runtime(
-        apps, ns.policy, Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES, ns.memory_mb,
+        apps, ns.policy, folder, ns.memory_mb,
         threads, max_queued=ns.max_queued, progress=progress, fold_batch_norm=ns.fold_bn,
         step_log=Path(ns.step_log) if ns.step_log else None, min_group_ms=ns.min_group_ms,
         replicas=ns.replicas, script=ns.script,
@@ -1265,10 +1270,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        web.run_app(
-            make_app(runtime, config), host=ns.host, port=ns.port, handler_cancellation=True,
-            print=None, shutdown_timeout=30.0,
-        )  # fmt: skip
+        serve(make_app(runtime, config), ns.host, ns.port, shutdown_timeout=30.0)
     except OSError as exc:
         if exc.errno not in BIND_ERRORS:  # not the address: a fault to see whole
             raise
@@ -1352,6 +1354,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from scheduler.cloud import parse_workload, plan
     from scheduler.validate import read_json
 
+    _plan_switches_apply(ns)
     workload = parse_workload(read_json(ns.workload, "workload"), ns.workload)
     t0 = time.perf_counter()
     doc = plan(
@@ -1375,6 +1378,28 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         )
         print(f"  {name}: budget {m['budget_s']:.3f} s, worst {m['wcl_s']:.3f} s: {configs}")
     return 0
+
+
+def _plan_switches_apply(ns: argparse.Namespace) -> None:
+    """Refuse, before any work, a `plan` switch that would change nothing for --system (a
+    feature it does not have, or that its --split does not run; `cloud.planner.switches_used`)."""
+    from scheduler.cloud.planner import SYSTEMS, switches_used
+
+    given = {
+        "split": ns.split is not None, "dummy": ns.no_dummy, "reassign": ns.no_reassign,
+        "merge": ns.no_merge, "cost_direct": ns.no_cost_direct, "exchange": ns.no_exchange,
+    }  # fmt: skip
+    used = switches_used(ns.system, ns.split)
+    for switch, on in given.items():
+        if not on or switch in used:
+            continue
+        flag = "--split" if switch == "split" else f"--no-{switch.replace('_', '-')}"
+        users = [name for name in SYSTEMS if switch in switches_used(name)]
+        step = " (its lc split)" if switch in ("merge", "cost_direct") else ""
+        here = f"--split {ns.split}" if ns.system in users else f"--system {ns.system}"
+        raise UsageError(
+            f"layerbatch: {flag} applies to --system {', '.join(users)}{step} only; not with {here}"
+        )
 
 
 def cmd_pipeline_plan(ns: argparse.Namespace) -> int:

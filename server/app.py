@@ -2,6 +2,9 @@
 
 `make_app(config)` is an app factory; the runtime starts and stops in `cleanup_ctx`, and on
 shutdown (SIGTERM) the server stops accepting and answers every accepted request before exiting.
+A request whose body is still arriving is one of them: `serve` lets its body arrive for up to
+`UPLOADS_ARRIVE_S` and serves it, or else refuses it 503 saying the server is shutting down; a
+connection that has sent no request yet is closed.
 Every refusal is one JSON/msgpack document {"status": code, "error": one sentence}; a refused or
 failed request never affects another.
 """
@@ -11,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from scheduler.policies import POLICIES
-from server.body import read_body
+from server.body import UPLOADS, Uploads, read_body
 from server.config import CONFIG, RUNTIME, Served, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 # the open WebSocket streams, each with the tasks answering its messages
 STREAMS: web.AppKey[dict[web.WebSocketResponse, set[asyncio.Task[None]]]] = web.AppKey("streams")
 STREAM_ANSWERS_S = 5.0  # at shutdown, how long a stream's last answers may take to send
+UPLOADS_ARRIVE_S = 5.0  # at shutdown, how long the bodies being sent may take to arrive
 
 
 async def _close_streams(streams: dict[web.WebSocketResponse, set[asyncio.Task[None]]]) -> None:
@@ -46,6 +51,7 @@ def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Applica
     app[RUNTIME] = runtime
     app[CONFIG] = cfg
     app[STREAMS] = {}
+    app[UPLOADS] = Uploads()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
@@ -53,12 +59,13 @@ def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Applica
         await runtime.stop()
 
     async def on_shutdown(app: web.Application) -> None:
+        app[UPLOADS].close()  # aiohttp reads no byte more: a body not all here never will be
         await runtime.drain()
         await _close_streams(app[STREAMS])
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(on_shutdown)
-    app.router.add_post("/v1/infer", infer)
+    app.router.add_post("/v1/infer", infer, expect_handler=expect_continue)
     app.router.add_get("/v1/stream", stream)
     app.router.add_get("/v1/estimate", estimate)
     app.router.add_get("/v1/models", models)
@@ -67,8 +74,40 @@ def make_app(runtime: Served, config: ServerConfig | None = None) -> web.Applica
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    add_kserve_routes(app)
+    add_kserve_routes(app, expect_continue)
     return app
+
+
+def serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
+    """Serve `app` on host:port until SIGTERM or SIGINT, then shut down losing nothing.
+
+    As `web.run_app`, with one step more: once the listener is closed, the bodies being sent get
+    `UPLOADS_ARRIVE_S` (at most the body timeout) to arrive before aiohttp's shutdown begins,
+    from which on it reads no byte more (`server.body`); the app refuses the ones still
+    incomplete then (503). In that shutdown the runtime drains (`make_app`), and each
+    connection's handler has `shutdown_timeout` more to finish before aiohttp cancels it."""
+    asyncio.run(_serve(app, host, port, shutdown_timeout))
+
+
+async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float) -> None:
+    runner = web.AppRunner(  # keepalive_timeout: run_app's
+        app, handler_cancellation=True, keepalive_timeout=75.0, shutdown_timeout=shutdown_timeout
+    )
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one does not cut the shutdown
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await site.stop()  # no new connections
+        await app[UPLOADS].settle(min(UPLOADS_ARRIVE_S, app[CONFIG].body_timeout_s))
+    finally:
+        await runner.cleanup()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 def reply(request: web.Request, doc: Any, status: int = 200) -> web.Response:
@@ -95,12 +134,7 @@ async def _errors(
     except BadRequest as exc:
         return reply(request, {"status": exc.status, "error": exc.message}, exc.status)
     except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[CONFIG].max_body_bytes
-        return reply(
-            request,
-            {"status": 413, "error": f"body: expected at most {limit} bytes ({exc.text})"},
-            413,
-        )
+        return _too_large(request, exc.text or "")
     except web.HTTPMethodNotAllowed as exc:
         allowed = ", ".join(sorted(exc.allowed_methods))
         message = f"method: expected {allowed} for {request.path}, got {request.method}"
@@ -112,6 +146,28 @@ async def _errors(
     except web.HTTPClientError as exc:  # aiohttp's own refusals, e.g. a WebSocket not upgraded
         message = f"{request.method} {request.path}: {' '.join((exc.text or exc.reason).split())}"
         return reply(request, {"status": exc.status, "error": message}, exc.status)
+
+
+def _too_large(request: web.Request, detail: str) -> web.Response:
+    limit = request.app[CONFIG].max_body_bytes
+    error = f"body: expected at most {limit} bytes ({detail})"
+    return reply(request, {"status": 413, "error": error}, 413)
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` on a POST: a body declared over the limit is refused (413) before
+    the client sends it; otherwise 100 Continue, as aiohttp answers (417 for another Expect)."""
+    declared = request.content_length
+    if declared is not None and declared > request.app[CONFIG].max_body_bytes:
+        return _too_large(request, f"Content-Length declares {declared}")
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        message = f"Expect: expected 100-continue or no Expect header, got {expect!r}"
+        return reply(request, {"status": 417, "error": message}, 417)
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim line is not part of the response
+    return None
 
 
 async def _read(request: web.Request) -> Any:

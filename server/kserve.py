@@ -14,7 +14,7 @@ import asyncio
 import json
 import math
 import reprlib
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -29,13 +29,17 @@ from server.results import describe
 from server.wire import JSON, MAX_DEADLINE_MS, InferRequest, decode_body, finite
 
 
-def add_kserve_routes(app: web.Application) -> None:
+def add_kserve_routes(
+    app: web.Application,
+    expect_handler: Callable[[web.Request], Awaitable[web.StreamResponse | None]],
+) -> None:
+    """The v2 routes; `expect_handler` answers a POST's `Expect` header (the v1 API's)."""
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/models/{app}", model_metadata)
     app.router.add_get("/v2/models/{app}/ready", model_ready)
-    app.router.add_post("/v2/models/{app}/infer", model_infer)
+    app.router.add_post("/v2/models/{app}/infer", model_infer, expect_handler=expect_handler)
 
 
 def _runtime(request: web.Request) -> Served:

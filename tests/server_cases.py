@@ -191,6 +191,35 @@ async def infer(client: Client, doc: dict[str, Any]) -> tuple[int, Any]:
     return status, answer
 
 
+async def start_upload(port: int, body: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """POST /v1/infer with `Expect: 100-continue`; once the server has answered 100 (it holds the
+    request), the first half of the body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n".encode()
+    )
+    await writer.drain()
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body[: len(body) // 2])
+    await writer.drain()
+    return reader, writer
+
+
+async def raw_answer(reader: asyncio.StreamReader, limit_s: float = 30) -> tuple[int, Any] | None:
+    """One HTTP response read off a raw socket: its status and JSON document, or None if the
+    connection closed before a response began."""
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), limit_s)
+    except (asyncio.IncompleteReadError, ConnectionResetError):
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), limit_s)
+    return int(lines[0].split()[1]), json.loads(body)
+
+
 async def get_json(client: Client, path: str) -> tuple[int, Any]:
     async with client.get(path) as resp:
         return resp.status, await resp.json()

@@ -4,6 +4,7 @@ refusal is exit status 2 with one line naming the flag (`layerbatch.main` in pro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,25 @@ def test_serve_profiles_must_be_a_folder(
     state.write_text("{}")
     line = refused(capsys, "serve", "--apps", CIFAR, "--profiles", str(state))
     assert f"argument --profiles: expected a folder, got the file '{state}'" in line
+
+
+def test_serve_refuses_a_profile_file_that_holds_another_model_naming_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A `{model}-cpu.json` in --profiles that holds another model's profile is named, with what
+    it holds and what --apps expected, before any model loads (it once read "deployment:
+    apps.X: expected models with a profile (Y)", naming neither the file nor the folder)."""
+    shipped = layerbatch.BUNDLED_PROFILES / f"{CIFAR}-cpu.json"
+    doc = json.loads(shipped.read_text())
+    doc["model"] = "mobilenet_v2"
+    mislabelled = tmp_path / f"{CIFAR}-cpu.json"
+    mislabelled.write_text(json.dumps(doc))
+    argv = ["serve", "--apps", CIFAR, "--profiles", str(tmp_path), "--port", str(free_port())]
+    line = refused(capsys, *argv)
+    assert line == (
+        f"layerbatch: {mislabelled}: model: expected the profile of {CIFAR} (the model --apps "
+        "serves from this file), got 'mobilenet_v2'"
+    )
 
 
 @pytest.mark.parametrize(
@@ -271,3 +291,38 @@ def test_profile_needs_an_out_file_unless_it_only_verifies(
     out = capsys.readouterr().out
     assert out.startswith(f"{CIFAR}: ") and "largest |split - whole| = " in out
     assert list(tmp_path.iterdir()) == []  # verified only: nothing written
+
+
+# `layerbatch plan`: a switch of a feature the system does not have, or its split does not run,
+# would change nothing. Checked before the workload is read (here it does not even exist).
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--system", "nexus", "--no-dummy"],
+         "--no-dummy applies to --system harpagon, piccolo, optimal only; not with --system nexus"),
+        (["--system", "optimal", "--no-reassign"],
+         "--no-reassign applies to --system harpagon, piccolo only; not with --system optimal"),
+        (["--system", "piccolo", "--no-merge"],
+         "--no-merge applies to --system harpagon (its lc split) only; not with --system piccolo"),
+        (["--system", "scrooge", "--no-cost-direct"],
+         "--no-cost-direct applies to --system harpagon (its lc split) only; not with --system "
+         "scrooge"),
+        (["--system", "piccolo", "--no-exchange"],
+         "--no-exchange applies to --system harpagon only; not with --system piccolo"),
+        (["--system", "optimal", "--split", "even"],
+         "--split applies to --system harpagon, piccolo, nexus, scrooge, inferline, clipper only; "
+         "not with --system optimal"),
+        (["--split", "throughput", "--no-merge"],
+         "--no-merge applies to --system harpagon (its lc split) only; not with --split "
+         "throughput"),
+        (["--system", "clipper", "--split", "lc", "--no-cost-direct"],
+         "--no-cost-direct applies to --system harpagon (its lc split) only; not with --system "
+         "clipper"),
+    ],
+)  # fmt: skip
+def test_plan_refuses_a_switch_the_system_does_not_have(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str
+) -> None:
+    workload = tmp_path / "no-such-workload.json"
+    line = refused(capsys, "plan", "--workload", str(workload), *argv)
+    assert line == f"layerbatch: {message}"

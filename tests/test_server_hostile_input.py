@@ -33,11 +33,14 @@ from tests.server_cases import (
     infer,
     infer_doc,
     jpeg,
+    json_doc,
     packb,
     post,
+    raw_answer,
     restore_process_globals,  # noqa: F401 (a fixture)
     serve,
     small_jpeg,
+    start_upload,
     synthetic_rgb,
     wait_for,
 )
@@ -338,19 +341,12 @@ async def test_an_id_no_answer_could_carry_is_400(aiohttp_client: Any) -> None:
 async def test_a_body_that_stops_arriving_is_408(aiohttp_client: Any) -> None:
     runtime = build()
     client = await serve(aiohttp_client, runtime, ServerConfig(body_timeout_s=0.2))
-    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
-    writer.write(
+    got = await raw_exchange(
+        client.port,
         b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 1000\r\n\r\n{"
+        b"Content-Length: 1000\r\n\r\n{",
     )
-    await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-    assert head.startswith(b"HTTP/1.1 408 ")
-    length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                 .split(b":")[1])  # fmt: skip
-    doc = json.loads(await reader.readexactly(length))
-    assert doc == {"status": 408, "error": "body: expected all 1000 bytes within 0.2 s"}
-    writer.close()
+    assert got == (408, {"status": 408, "error": "body: expected all 1000 bytes within 0.2 s"})
     status, answer = await infer(client, infer_doc(small_jpeg(0)))  # and the server serves on
     assert (status, answer["status"]) == (200, "ok")
 
@@ -374,3 +370,60 @@ async def test_shutdown_answers_a_streams_messages_then_closes_it_going_away(
     assert (answer["request_id"], answer["status"]) == ("w0", "ok")
     assert closing.type == aiohttp.WSMsgType.CLOSE
     assert (closing.data, closing.extra) == (1001, "the server is shutting down")
+
+
+async def raw_exchange(port: int, head: bytes) -> tuple[int, Any]:
+    """Send a request head (no body) on a raw socket; the response's status and JSON document."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    await writer.drain()
+    got = await raw_answer(reader)
+    writer.close()
+    assert got is not None, "the connection closed unanswered"
+    return got
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("path", ["/v1/infer", f"/v2/models/{CIFAR}/infer"])
+@pytest.mark.parametrize("expect", [True, False])
+async def test_a_body_declared_over_the_limit_is_413_before_it_is_sent(
+    aiohttp_client: Any, path: str, expect: bool
+) -> None:
+    """With or without `Expect: 100-continue`, a Content-Length over the limit is answered 413
+    at once: no 100 Continue, and the server does not wait for (or read) the body."""
+    runtime = build()
+    client = await serve(aiohttp_client, runtime, ServerConfig(max_body_bytes=100_000))
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 5000000000\r\n" + ("Expect: 100-continue\r\n" if expect else "") + "\r\n"
+    ).encode()
+    status, doc = await raw_exchange(client.port, head)
+    assert status == doc["status"] == 413
+    assert doc["error"].startswith("body: expected at most 100000 bytes (")
+    assert "5000000000" in doc["error"]
+    status, answer = await infer(client, infer_doc(small_jpeg(0)))  # and the server serves on
+    assert (status, answer["status"]) == (200, "ok")
+
+
+@pytest.mark.asyncio
+async def test_expect_continue_within_the_limit_is_served_and_another_expect_is_417(
+    aiohttp_client: Any,
+) -> None:
+    runtime = build()
+    client = await serve(aiohttp_client, runtime, ServerConfig())
+    body = json.dumps(json_doc(small_jpeg(0))).encode()
+    reader, writer = await start_upload(client.port, body)  # 100 Continue, then half the body
+    writer.write(body[len(body) // 2 :])
+    await writer.drain()
+    got = await raw_answer(reader)
+    writer.close()
+    assert got is not None and got[0] == 200 and got[1]["status"] == "ok"
+    status, doc = await raw_exchange(
+        client.port,
+        b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: teapot\r\n\r\n",
+    )
+    assert status == 417
+    assert doc == {
+        "status": 417,
+        "error": "Expect: expected 100-continue or no Expect header, got 'teapot'",
+    }
