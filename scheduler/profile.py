@@ -11,10 +11,10 @@ sizes. `Profile.latency_ms(stage, b)` is defined for every integer b >= 0:
 
 Loading refuses a key the format does not name (PROFILE_KEYS, INPUT_KEYS, STAGE_KEYS,
 STACKING_KEYS), so a misspelt one is never silently ignored, and guarantees every measured
-latency lies in [0, MAX_LATENCY_MS] (one hour), every batch
-size, measured or `max_batch`, in [1, MAX_BATCH] and every stacking slowdown in
-(0, MAX_SLOWDOWN], so sums and squares of latencies over a whole model stay far from float
-overflow and latency tables up to `max_batch` stay small.
+latency lies in [0, MAX_LATENCY_MS] (one hour), every byte count in [0, MAX_SAMPLE_BYTES] (a
+TiB), every batch size, measured or `max_batch`, in [1, MAX_BATCH] and every stacking slowdown
+in (0, MAX_SLOWDOWN], so sums and squares of latencies and bytes over a whole model stay far
+from float overflow and latency tables up to `max_batch` stay small.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from scheduler.errors import InputError
 from scheduler.validate import MAX_LATENCY_MS as MAX_LATENCY_MS  # one hour (re-exported)
 from scheduler.validate import (
+    MAX_SAMPLE_BYTES,
     int_list,
     is_int,
     is_number,
@@ -306,11 +307,18 @@ def parse_profile(doc: object, source: str = "profile") -> Profile:
             else tuple(int_list(out_shape, source, f"{where}.out_shape", positive=True))
         )
         out_bytes = s.get("out_bytes", 0)
-        if not is_int(out_bytes) or out_bytes < 0:
-            raise InputError(source, f"{where}.out_bytes", "a non-negative integer", out_bytes)
+        if not is_int(out_bytes) or not 0 <= out_bytes <= MAX_SAMPLE_BYTES:
+            raise InputError(
+                source,
+                f"{where}.out_bytes",
+                f"a byte count from 0 to {MAX_SAMPLE_BYTES}",
+                out_bytes,
+            )
         peak = s.get("peak_bytes", 0)
-        if not is_int(peak) or peak < 0:
-            raise InputError(source, f"{where}.peak_bytes", "a non-negative integer", peak)
+        if not is_int(peak) or not 0 <= peak <= MAX_SAMPLE_BYTES:
+            raise InputError(
+                source, f"{where}.peak_bytes", f"a byte count from 0 to {MAX_SAMPLE_BYTES}", peak
+            )
         name = s.get("name", f"stage{k}")
         stages.append(
             StageProfile(

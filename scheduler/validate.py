@@ -11,6 +11,9 @@ from typing import Any, TypeGuard
 from scheduler.errors import InputError
 
 MAX_LATENCY_MS = 3_600_000.0  # one hour: the largest latency a profile or workload may hold
+# A tebibyte per sample: more than any GPU's memory, let alone one feature map, holds; transfer
+# times and memory sums stay finite (a cut of 10**400 bytes overflowed float)
+MAX_SAMPLE_BYTES = 2**40
 _HOUR_IN = {"s": MAX_LATENCY_MS / 1000.0, "ms": MAX_LATENCY_MS, "us": MAX_LATENCY_MS * 1000.0}
 
 

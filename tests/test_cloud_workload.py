@@ -252,6 +252,27 @@ def test_slo_no_configuration_meets_names_smallest() -> None:
     assert "apps.traffic.slo_s" in msg and "at least" in msg
 
 
+def test_modules_no_slo_within_an_hour_serves_are_named_as_such() -> None:
+    """Two modules of 40 minutes a batch in a chain: no SLO a workload may name (an hour at
+    most) is met, so the message does not ask for one above an hour."""
+    doc = traffic()
+    for module in ("M1", "M2"):
+        doc["modules"][module]["profile"] = rows([(1, 2400.0)])
+    doc["apps"]["traffic"] = {
+        "edges": [["M1", "M2"]], "rate_rps": {"M1": 1, "M2": 1}, "slo_s": 3600,
+    }  # fmt: skip
+    with pytest.raises(InputError) as err:
+        plan(parse_workload(doc, "W.json"))
+    message = str(err.value)
+    assert message.startswith(
+        "W.json: apps.traffic.slo_s: expected modules some harpagon plan serves within an hour "
+        "(the largest SLO a workload names); "
+    )
+    assert message.endswith(
+        " s, the smallest end-to-end worst case a harpagon plan reaches, got 3600.0"
+    )
+
+
 def test_unknown_system_and_dispatch() -> None:
     w = parse_workload(traffic())
     with pytest.raises(InputError, match="harpagon"):

@@ -21,6 +21,7 @@ from scheduler.profile import (
     coarsen,
     parse_profile,
 )
+from scheduler.validate import MAX_SAMPLE_BYTES
 from sim.ppipe import profile_json
 from tests.sim_cases import REPO
 
@@ -68,6 +69,21 @@ def test_batch_sizes_and_max_batch_are_bounded() -> None:
         f"p.json: max_batch: expected an integer from 1 to {MAX_BATCH}"
     )
     assert parse_profile(with_change(max_batch=MAX_BATCH)).max_batch == MAX_BATCH
+
+
+@pytest.mark.parametrize("key", ["out_bytes", "peak_bytes"])
+@pytest.mark.parametrize(
+    "absurd", [10**400, MAX_SAMPLE_BYTES + 1, -1], ids=["1e400", "2^40+1", "-1"]
+)
+def test_a_byte_count_past_a_tebibyte_is_refused_by_name(key: str, absurd: int) -> None:
+    """10**400 bytes overflowed a float once summed or converted; 2**40 per sample still loads."""
+    doc = copy.deepcopy(BASE)
+    doc["stages"][1][key] = absurd
+    assert refusal(doc).startswith(
+        f"p.json: stages[1].{key}: expected a byte count from 0 to {MAX_SAMPLE_BYTES}, got "
+    )
+    doc["stages"][1][key] = MAX_SAMPLE_BYTES
+    assert parse_profile(doc, "p.json").num_stages == len(BASE["stages"])
 
 
 @pytest.mark.parametrize("factor", [1e300, float("inf"), float("nan"), 0.0, -1.0])

@@ -84,6 +84,7 @@ from scheduler.cloud.split import (
 )
 from scheduler.cloud.workload import App, Config, Workload
 from scheduler.errors import InputError
+from scheduler.validate import MAX_LATENCY_MS
 
 SplitKind = Literal["lc", "throughput", "greedy", "even", "quantized", "exact"]
 
@@ -305,13 +306,14 @@ def _plan_app_any_hardware(
         if best is None or _cost(got) < _cost(best):
             best = got
     if best is None:
-        raise InputError(
-            workload.source,
-            f"apps.{app.name}.slo_s",
-            f"at least {_round_up(min_slo_s)} s, the smallest end-to-end worst case a {system} "
-            "plan reaches",
-            app.slo_s,
+        smallest = f"{_round_up(min_slo_s)} s, the smallest end-to-end worst case a {system} plan"
+        expected = (
+            f"at least {smallest} reaches"
+            if min_slo_s <= MAX_LATENCY_MS / 1000.0  # else no SLO a workload may name is enough
+            else f"modules some {system} plan serves within an hour (the largest SLO a workload "
+            f"names); {smallest} reaches"
         )
+        raise InputError(workload.source, f"apps.{app.name}.slo_s", expected, app.slo_s)
     return best
 
 

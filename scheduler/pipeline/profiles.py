@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.errors import InputError
-from scheduler.validate import latency_at_most_an_hour
+from scheduler.validate import MAX_SAMPLE_BYTES, latency_at_most_an_hour
 
 TIMING_SUBDIR = "block-timing-tf32"
 TRANSFER_SUBDIR = "transfer-sizes"
-# A tebibyte per sample: more than any GPU's memory, let alone one feature map, holds; transfer
-# times (bits over the NIC's bandwidth) stay finite (a cut of 10**400 bytes overflowed float).
-MAX_CUT_BYTES = 2**40
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,7 @@ class ModelProfiles:
     Guarantees (checked by `__post_init__`, whether the tables were read from CSV files or built
     in code): every table has `num_blocks` rows of the same positive length (batch sizes
     1..max_batch), every latency is positive and at most an hour (`validate.MAX_LATENCY_MS`;
-    `check_latencies`), and `cut_bytes` has `num_blocks - 1` entries from 0 to MAX_CUT_BYTES.
+    `check_latencies`), and `cut_bytes` has `num_blocks - 1` entries from 0 to MAX_SAMPLE_BYTES.
     """
 
     model: str
@@ -56,11 +53,11 @@ class ModelProfiles:
                 f"{self.num_blocks - 1} cut sizes for {self.num_blocks} blocks",
                 len(self.cut_bytes),
             )
-        if any(not 0 <= size <= MAX_CUT_BYTES for size in self.cut_bytes):
+        if any(not 0 <= size <= MAX_SAMPLE_BYTES for size in self.cut_bytes):
             raise InputError(
                 self.model,
                 "transfer sizes",
-                f"byte counts from 0 to {MAX_CUT_BYTES}",
+                f"byte counts from 0 to {MAX_SAMPLE_BYTES}",
                 self.cut_bytes,
             )
         for (gpu, mps), table in self.latency_us.items():
@@ -160,16 +157,19 @@ def read_block_timing_us(path: Path) -> tuple[tuple[float, ...], ...]:
 def read_cut_bytes(path: Path) -> tuple[int, ...]:
     """A PPipe transfer-sizes CSV file: a row per cut between consecutive blocks, one integer,
     the bytes per sample crossing it. Raises InputError naming the file and the row for a row
-    that is not one integer from 0 to MAX_CUT_BYTES."""
+    that is not one integer from 0 to MAX_SAMPLE_BYTES."""
     cuts = []
     for number, row in enumerate(_read_rows(path), start=1):
         try:
             size = int(row[0]) if len(row) == 1 else -1
         except ValueError:
             size = -1
-        if not 0 <= size <= MAX_CUT_BYTES:
+        if not 0 <= size <= MAX_SAMPLE_BYTES:
             raise InputError(
-                str(path), f"row {number}", f"one byte count from 0 to {MAX_CUT_BYTES} (a TiB)", row
+                str(path),
+                f"row {number}",
+                f"one byte count from 0 to {MAX_SAMPLE_BYTES} (a TiB)",
+                row,
             )
         cuts.append(size)
     return tuple(cuts)
