@@ -166,8 +166,9 @@ def solve_screened_models(
     final = solve_candidates(keep, cluster, shares, rest_s, mip_rel_gap)
     best = final
     found = any(plan.pipelines for plan in final.plans)
-    if z > 0 and (not found or final.normalized_rps < first.normalized_rps):
-        # stopped by the time limit below the incumbent: it, against the bound on every solution
+    stopped = final.status != "optimal"  # by the time limit (an optimum is never worse)
+    if z > 0 and stopped and (not found or final.normalized_rps < first.normalized_rps):
+        # stopped below the incumbent: the incumbent, against the bound on every solution
         gap = max(0.0, bounds.bound_rps - first.normalized_rps) / first.normalized_rps
         best = replace(first, status="time_limit", gap=gap)
     plans = [
