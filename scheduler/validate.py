@@ -66,6 +66,15 @@ def latency_at_most_an_hour(x: float, unit: str, source: str, field: str) -> Non
         raise InputError(source, field, f"a latency of at most {bound:.0f} {unit} (one hour)", x)
 
 
+def number_from(x: object, low: float, high: float, what: str, source: str, field: str) -> float:
+    """`x` as a float if it is a JSON number in [low, high]; else InputError naming the field,
+    e.g. "expected a price per machine-hour from 1e-09 to 1e+09" (`what` is "a price per
+    machine-hour")."""
+    if not is_number(x) or not low <= x <= high:
+        raise InputError(source, field, f"{what} from {low:g} to {high:g}", x)
+    return float(x)
+
+
 def nonempty_str(x: object, source: str, field: str) -> str:
     if not isinstance(x, str) or not x:
         raise InputError(source, field, "a non-empty string", x)

@@ -113,7 +113,7 @@ def test_a_duration_above_an_hour_is_refused_naming_the_row_and_the_bound(
     assert parse_workload(doc).profiles["M3"][2].duration_s == 3600.0
 
 
-RATE = "a request rate from 1e-06 to 1e+09 per second"
+RATE = "a request rate per second from 1e-06 to 1e+09"
 PRICE = "a price per machine-hour from 1e-09 to 1e+09"
 
 

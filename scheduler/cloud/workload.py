@@ -34,6 +34,7 @@ from scheduler.validate import (
     known_keys,
     latency_at_most_an_hour,
     nonempty_str,
+    number_from,
 )
 
 # Concurrent batches on one machine: MPS serves at most 48 clients per GPU (Volta and later), so
@@ -147,15 +148,10 @@ def _parse_hardware(raw: object, source: str) -> dict[str, float]:
     for name, body in hardware.items():
         entry = json_object(body, source, f"hardware.{name}")
         known_keys(entry, ("price",), source, f"hardware.{name}")
-        price = entry.get("price")
-        if not is_number(price) or not MIN_PRICE <= price <= MAX_PRICE:
-            raise InputError(
-                source,
-                f"hardware.{name}.price",
-                f"a price per machine-hour from {MIN_PRICE:g} to {MAX_PRICE:g}",
-                price,
-            )
-        prices[name] = float(price)
+        prices[name] = number_from(
+            entry.get("price"), MIN_PRICE, MAX_PRICE, "a price per machine-hour", source,
+            f"hardware.{name}.price",
+        )  # fmt: skip
     return prices
 
 
@@ -234,15 +230,10 @@ def _parse_app(
             raise InputError(source, f"{field}", f"a profile under modules.{m} for module {m}")
     rates: dict[str, float] = {}
     for m in modules:
-        rate = rates_raw.get(m)
-        if not is_number(rate) or not MIN_RATE_RPS <= rate <= MAX_RATE_RPS:
-            raise InputError(
-                source,
-                f"{field}.rate_rps.{m}",
-                f"a request rate from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g} per second",
-                rate,
-            )
-        rates[m] = float(rate)
+        rates[m] = number_from(
+            rates_raw.get(m), MIN_RATE_RPS, MAX_RATE_RPS, "a request rate per second", source,
+            f"{field}.rate_rps.{m}",
+        )  # fmt: skip
     slo = app.get("slo_s")
     if not is_number(slo) or not (math.isfinite(slo) and slo > 0):
         raise InputError(
