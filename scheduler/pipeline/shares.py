@@ -25,11 +25,10 @@ models): an incumbent t = z from the MILP over each model's SCREEN_TOP candidate
 UB(c), then the MILP over S = {c : UB(c) >= z}. No solution with t >= z uses a candidate outside
 S, so both its solves (t, then the total at that t) are those over all candidates, and its gap
 bounds the whole problem. The bound is loose where whole GPUs split between models matter (the
-LP shares them; 8% on 8 GPUs), so S keeps much: on cyclegan and repvgg-b3 at SLOs of 100 and
-200 ms on 4 L4 + 4 T4 (4571 and 8603 candidates) the plan is the same and the solve 32 -> 17 s
-and 112 -> 34 s (on 1701 and 2720 candidates, 4.8 -> 4.6 s and 5.6 -> 2.6 s). The incumbent also
-gives a plan when the time limit stops the last MILP before it finds one (4571 candidates under
-2 s: no plan before).
+LP shares them; 8% on 8 GPUs), so S keeps much: `bench/pipeline_models.py` measures the solve
+2-4x faster, the same t (cyclegan and repvgg-b3 at 200 ms SLOs on 4 L4 + 4 T4, 8603 candidates:
+126 -> 37 s). The incumbent also gives a plan when the time limit stops the last MILP before it
+finds one (4571 candidates under 2 s: no plan before).
 """
 
 from __future__ import annotations
