@@ -1486,6 +1486,7 @@ def cmd_pipeline_plan(ns: argparse.Namespace) -> int:
         many = solve_models(
             workloads, cluster, ns.margin, ns.max_parts, ns.mps, ns.system, ns.time_limit_s,
             clock=time.perf_counter,
+            progress=lambda line: print(f"layerbatch: {line} ...", file=sys.stderr, flush=True),
         )  # fmt: skip
     if ns.json:
         print(json.dumps(many.to_json(), indent=1))

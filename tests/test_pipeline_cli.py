@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,9 @@ def test_two_models_with_shares(tmp_path: Path, capsys: pytest.CaptureFixture[st
     share = ["--share", "repvgg-b3=1,googlenet-v3-pytorch=3"]
     code, out, err = run([*args, *slo, *share, "--json"], capsys)
     assert code == 0, err
+    # before a solve that may take minutes, one line on stderr says what it is solving
+    progress = r"^layerbatch: \d+ candidate pipelines \(repvgg-b3 \d+, googlenet-v3-pytorch \d+\); solving \.\.\.$"
+    assert re.search(progress, err, re.M), err
     doc = json.loads(out)
     t = doc["normalized_rps"]
     assert doc["status"] == "optimal" and t > 0

@@ -109,3 +109,15 @@ def test_a_time_limit_still_leaves_a_plan() -> None:
         assert entry.plan.pipelines
         assert entry.plan.throughput_rps >= entry.share * plan.normalized_rps * (1 - 1e-6)
         assert all(p.latency_ms <= entry.slo_ms + 1e-9 for p in entry.plan.pipelines)
+
+
+def test_progress_is_told_the_candidates_once_before_the_solve() -> None:
+    pool = cluster(2, 2)
+    loads = [Workload(bundled("cyclegan"), 1.0, 60.0), Workload(bundled("repvgg-b3"), 1.0, 60.0)]
+    told: list[str] = []
+    plan = plan_models(loads, pool, 0.1, 3, 2, time_limit_s=30.0, progress=told.append)
+    counts = [entry.plan.candidates for entry in plan.models.values()]
+    assert told == [
+        f"{sum(counts)} candidate pipelines (cyclegan {counts[0]}, repvgg-b3 {counts[1]}); "
+        "solving, at most 30 s"
+    ]

@@ -80,9 +80,11 @@ def plan_models(
     mip_rel_gap: float = 1e-4,
     *,
     prune: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> ModelsPlan:
     """Solve the multi-model MILP (module docstring); pure, `solve_s` None. `prune` False skips
-    the LP-bound screening (same optimum, slower; for checking it).
+    the LP-bound screening (same optimum, slower; for checking it). `progress`, if given, is
+    told once, before the solve (which may take minutes), how many candidates each model has.
 
     Guarantees: with status "optimal", every model g gets at least share_g * t (t =
     `normalized_rps`, optimal within the gap), its pipelines meet its SLO with the margin, and
@@ -112,6 +114,11 @@ def plan_models(
     # solved with the shares scaled to sum to 1, so that t is of the order of the total rate:
     # the same problem however the shares are written (HiGHS took 74 s on two models at shares
     # 1 and 1, 3 s at 0.5 and 0.5), then t read back in the caller's shares
+    if progress is not None:
+        counts = ", ".join(f"{n} {len(c)}" for n, c in zip(names, groups, strict=True))
+        limit = "" if time_limit_s is None else f", at most {time_limit_s:g} s"
+        total = sum(len(c) for c in groups)
+        progress(f"{total} candidate pipelines ({counts}); solving{limit}")
     total_share = sum(float(w.share) for w in workloads)
     shares = [float(w.share) / total_share for w in workloads]
     if prune and sum(len(cands) for cands in groups) > SCREEN_MODELS_MIN:
@@ -187,12 +194,14 @@ def solve_models(
     time_limit_s: float | None = None,
     clock: Callable[[], float] | None = None,
     mip_rel_gap: float = 1e-4,
+    progress: Callable[[str], None] | None = None,
 ) -> ModelsPlan:
     """`plan_models`, timed with the caller's `clock` (seconds), like `milp.solve`."""
     start_s = clock() if clock is not None else None
     plan = plan_models(
-        workloads, cluster, margin, max_parts, max_mps, system, time_limit_s, mip_rel_gap
-    )
+        workloads, cluster, margin, max_parts, max_mps, system, time_limit_s, mip_rel_gap,
+        progress=progress,
+    )  # fmt: skip
     if clock is None or start_s is None:
         return plan
     elapsed = clock() - start_s
