@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from scheduler.policies import POLICIES
-from server.body import UPLOADS, Uploads, read_body
+from server.body import UPLOADS, Uploads, check_declared_size, read_body
 from server.config import CONFIG, RUNTIME, Served, ServerConfig
 from server.errors import BadRequest
 from server.kserve import add_kserve_routes
@@ -157,9 +157,10 @@ def _too_large(request: web.Request, detail: str) -> web.Response:
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """`Expect: 100-continue` on a POST: a body declared over the limit is refused (413) before
     the client sends it; otherwise 100 Continue, as aiohttp answers (417 for another Expect)."""
-    declared = request.content_length
-    if declared is not None and declared > request.app[CONFIG].max_body_bytes:
-        return _too_large(request, f"Content-Length declares {declared}")
+    try:
+        check_declared_size(request)
+    except web.HTTPRequestEntityTooLarge as exc:  # before the middleware: answered here
+        return _too_large(request, exc.text or "")
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
         message = f"Expect: expected 100-continue or no Expect header, got {expect!r}"

@@ -69,15 +69,21 @@ def _shutting_down() -> BadRequest:
     )
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The whole body; HTTPRequestEntityTooLarge at once when its Content-Length is over the
-    server's limit (nothing is read), BadRequest(408) if it has not all arrived in time, and
-    BadRequest(503) if the server began shutting down before it all arrived."""
+def check_declared_size(request: web.Request) -> None:
+    """HTTPRequestEntityTooLarge when the request's Content-Length is over the server's limit,
+    before a byte of the body is read."""
     declared, max_bytes = request.content_length, request.app[CONFIG].max_body_bytes
     if declared is not None and declared > max_bytes:
         raise web.HTTPRequestEntityTooLarge(
             max_size=max_bytes, actual_size=declared, text=f"Content-Length declares {declared}"
         )
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body; HTTPRequestEntityTooLarge at once when its Content-Length is over the
+    server's limit (nothing is read), BadRequest(408) if it has not all arrived in time, and
+    BadRequest(503) if the server began shutting down before it all arrived."""
+    check_declared_size(request)
     uploads = request.app[UPLOADS]
     if uploads.closed and not request.content.is_eof():
         raise _shutting_down()

@@ -33,6 +33,7 @@ finds one (4571 candidates under 2 s: no plan before).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -151,10 +152,8 @@ def solve_screened_models(
         for cand in cands
     ]
     bounds = candidate_bounds(union, cluster)
-    ubs: list[Sequence[float]] = []
-    for cands in groups:
-        start = sum(len(u) for u in ubs)
-        ubs.append(bounds.used_bound_rps[start : start + len(cands)])
+    starts = list(itertools.accumulate((len(cands) for cands in groups), initial=0))
+    ubs = [bounds.used_bound_rps[a:b] for a, b in itertools.pairwise(starts)]
     tops = [
         set(sorted(range(len(ub)), key=lambda i: (-ub[i], i))[:SCREEN_TOP]) for ub in ubs
     ]  # fmt: skip
