@@ -78,7 +78,7 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
     if args.policy != args.against_policy:
         sides = [(f"{n} ({p})", r, k, p) for n, r, k, p in sides]
     runs = {n: Running("layerbatch", args.model, Knobs(workers=k), args.deadline_ms, logs, p,
-                       root=r)
+                       step_log=args.step_log, root=r)
             for n, r, k, p in sides}  # fmt: skip
     loads = {n: Load(r, frames, args.deadline_ms) for n, r in runs.items()}
     give_up_s = args.deadline_ms / 1000.0
@@ -88,7 +88,8 @@ async def measure(args: argparse.Namespace, other: Path) -> dict[str, list[dict[
             await load.ready()
             warm = poisson_arrivals_s(0.7 * args.rate, 5.0, np.random.default_rng(args.seed))
             await load.run_arrivals(warm, give_up_s)
-            print(f"{name}: ready in {runs[name].ready_s:.0f} s", file=sys.stderr, flush=True)
+            print(f"{name}: ready in {runs[name].ready_s:.0f} s, its log {runs[name].log}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         for i in range(args.pairs):
             order = list(runs) if i % 2 == 0 else list(runs)[::-1]
             arrivals = arrivals_for(
@@ -152,6 +153,12 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--logdir", default=str(ROOT / "out" / "server-ab"))
+    ap.add_argument(
+        "--step-log",
+        action="store_true",
+        help="each side writes its steps beside its log in --logdir, as .steps.jsonl "
+        "(bench/step_ratio.py reads them)",
+    )
     args = ap.parse_args()
     if args.against_replicas is None:
         args.against_replicas = args.replicas

@@ -46,11 +46,16 @@ BURN_PERIOD_S = 0.005
 
 @dataclass(frozen=True)
 class Step:
+    """One logged step: what ran, its own time, and (for reading, not replay) when it started
+    and what its plan priced it at (`server.step_log`)."""
+
     model: str
     first_stage: int
     stages: int
     batch: int
     ms: float
+    t_ms: float = 0.0
+    planned_ms: float = 0.0
 
 
 def read_steps(path: Path) -> list[Step]:
@@ -64,7 +69,7 @@ def read_steps(path: Path) -> list[Step]:
             if "drop" in d or "answer" in d:
                 continue
             step = Step(d["model"], int(d["first_stage"]), int(d["stages"]), int(d["batch"]),
-                        float(d["ms"]))  # fmt: skip
+                        float(d["ms"]), float(d["t_ms"]), float(d["planned_ms"]))  # fmt: skip
             lane, cancelled = d["lane"], bool(d["cancelled"])
         except (ValueError, KeyError, TypeError) as exc:
             raise SystemExit(

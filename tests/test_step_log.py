@@ -154,7 +154,10 @@ def test_replay_reads_only_uncancelled_steps_of_the_executor_thread(tmp_path: Pa
         {"t_ms": 3.0, "answer": "r8", "app": CIFAR, "total_ms": 9.0, "left_ms": 1.0}
     )
     path.write_text("\n".join([*lines, drop_line(), answer, line(first_stage=3)]))
-    assert read_steps(path) == [Step(CIFAR, 0, 3, 2, 1.5), Step(CIFAR, 3, 3, 2, 1.5)]
+    assert read_steps(path) == [
+        Step(CIFAR, 0, 3, 2, 1.5, 1.0, 1.4),
+        Step(CIFAR, 3, 3, 2, 1.5, 1.0, 1.4),
+    ]
 
 
 def test_replay_names_the_line_that_is_not_a_step(tmp_path: Path) -> None:
@@ -178,3 +181,21 @@ def test_replay_runs_the_logged_steps_alone_and_beside_a_burner() -> None:
     assert t["logged"] == pytest.approx(2 * 35.0)  # summed over both rounds
     assert t["alone"] > 0 and t["beside"] > 0
     assert totals[CIFAR] == t
+
+
+def test_step_ratio_reads_how_each_batch_size_ran_against_its_plan(tmp_path: Path) -> None:
+    """bench/step_ratio.py: per model and batch size, summed time over summed planned time (time-
+    weighted), median and p90 of the steps' own ratios; warm-up and unplanned steps left out."""
+    from bench.step_ratio import ratios_by_batch
+
+    path = tmp_path / "s.jsonl"
+    rows = [line(batch=1, ms=1.2, planned_ms=1.0), line(batch=1, ms=3.0, planned_ms=2.0),
+            line(batch=4, ms=9.0, planned_ms=10.0), line(batch=4, ms=0.5, planned_ms=0.0),
+            line(batch=4, ms=50.0, planned_ms=1.0, t_ms=-1.0)]  # fmt: skip
+    path.write_text("\n".join(rows))
+    table = ratios_by_batch(s for s in read_steps(path) if s.t_ms >= 0.0)
+    assert set(table) == {(CIFAR, 1), (CIFAR, 4)}
+    assert table[(CIFAR, 1)]["steps"] == 2
+    assert table[(CIFAR, 1)]["ratio"] == pytest.approx(4.2 / 3.0)  # not the mean of 1.2 and 1.5
+    assert table[(CIFAR, 1)]["p50"] == pytest.approx(1.35)
+    assert table[(CIFAR, 4)] == pytest.approx({"steps": 1, "ratio": 0.9, "p50": 0.9, "p90": 0.9})
