@@ -26,7 +26,7 @@ from server.body import read_body
 from server.config import RUNTIME, Served
 from server.errors import BadRequest
 from server.results import describe
-from server.wire import JSON, MAX_DEADLINE_MS, InferRequest, decode_body, finite
+from server.wire import JSON, MAX_DEADLINE_MS, MAX_ITEMS, InferRequest, decode_body, finite
 
 
 def add_kserve_routes(
@@ -110,14 +110,16 @@ async def model_infer(request: web.Request) -> web.Response:
         raise BadRequest(
             400, "binary tensor data is not supported: send JSON tensors (binary_data=False)"
         )
-    doc = decode_body(await read_body(request), JSON)
+    spec = rt.first_spec(name)
+    # a batch the queue has room for, as numbers, and the document around them
+    numbers = rt.max_queued * math.prod(spec.input_shape)
+    doc = decode_body(await read_body(request), JSON, max_json_values=numbers + MAX_ITEMS)
     if (
         not isinstance(doc, dict)
         or not isinstance(doc.get("inputs"), list)
         or len(doc["inputs"]) != 1
     ):
         raise BadRequest(400, "inputs: expected a list with exactly one input tensor")
-    spec = rt.first_spec(name)
     x = _tensor(doc["inputs"][0], spec.input_shape, rt.max_queued)
     params = doc.get("parameters") or {}
     deadline = params.get("deadline_ms", 1000.0) if isinstance(params, dict) else None
