@@ -24,6 +24,10 @@ from scheduler.admission import ADMISSION_SHARE
 from scheduler.deployment import DEFAULT_MIN_GROUP_MS
 from scheduler.errors import InputError
 from scheduler.policies import POLICIES as POLICY_CHOICES
+from scheduler.profile import MAX_BATCH as MAX_PROFILE_BATCH
+from scheduler.validate import MAX_LATENCY_MS, did_you_mean
+from traces.arrivals import MAX_RATE_RPS as MAX_SIM_RATE_RPS
+from traces.arrivals import MIN_RATE_RPS as MIN_SIM_RATE_RPS
 from traces.arrivals import TraceError
 
 if TYPE_CHECKING:
@@ -90,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--rate",
-        type=_positive_floats,
+        type=_sim_rates,
         default=None,
         help="offered load, req/s: one or a comma list (default 30,60,90,120,150; "
         f"--sim: {DEMO_SIM_RATES})",
@@ -137,7 +141,7 @@ def parser() -> argparse.ArgumentParser:
     _add_simulated_device_args(sim)
     sim.add_argument("--policy", choices=POLICY_CHOICES, default="dp-time")
     sim.add_argument(
-        "--rate", type=_positive_float, default=100.0, help="mean request rate, req/s (default 100)"
+        "--rate", type=_sim_rate, default=100.0, help="mean request rate, req/s (default 100)"
     )
     sim.add_argument(
         "--requests",
@@ -202,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--deadline-ms",
-        type=_positive_float,
+        type=_deadline_ms,
         default=1000.0,
         help="deadline of requests that give none",
     )
@@ -222,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--min-group-ms",
-        type=_non_negative_float,
+        type=_ms_up_to_an_hour,
         default=DEFAULT_MIN_GROUP_MS,
         help="cut a model into fewer than 5 layer groups where its groups would take less than "
         "this at batch 1 (each group ends a step, and a step's hand-off costs about 1 ms on a "
@@ -349,10 +353,10 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         help="timed runs per stage and batch size (median kept)",
     )
-    meas.add_argument("--warmup", type=_non_negative_int, default=2)
+    meas.add_argument("--warmup", type=_count_up_to_from_zero(MAX_COUNT), default=2)
     meas.add_argument(
         "--max-batch",
-        type=_positive_int,
+        type=_count_up_to(MAX_PROFILE_BATCH),
         default=None,
         help="B to record (default: the largest batch size)",
     )
@@ -438,7 +442,7 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--frames", type=_count_up_to(1000), default=120, help="distinct frames to use (<= 1000)"
     )
-    p.add_argument("--deadline-ms", type=_positive_float, default=300.0)
+    p.add_argument("--deadline-ms", type=_deadline_ms, default=300.0)
     p.add_argument("--uplink", default=None, help="trace file or bundled name (see traces)")
     p.add_argument("--downlink", default=None, help="trace file or bundled name")
     p.add_argument(
@@ -529,7 +533,7 @@ def pipeline_sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-ms", type=_positive_float, required=True, help="the plan's SLO")
     p.add_argument(
         "--load-factor",
-        type=_positive_float,
+        type=_float_up_to(MAX_LOAD_FACTOR),
         default=None,
         help="rate / plan throughput (0.9; not with --sweep)",
     )
@@ -543,7 +547,7 @@ def pipeline_sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
         "--noise-sigma",
-        type=_non_negative_float,
+        type=_noise_sigma,
         default=0.02,
         help="GPU time log-normal sigma (0.02)",
     )
@@ -573,13 +577,13 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
 def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--step-gap-ms",
-        type=_non_negative_float,
+        type=_ms_up_to_an_hour,
         default=0.0,
         help="device idle time between two steps (a server's /v1/status step_gap_ms; default 0)",
     )
     p.add_argument(
         "--decode-ms",
-        type=_non_negative_float,
+        type=_ms_up_to_an_hour,
         default=0.0,
         help="device time each admitted request's decode costs before the device's next step, as "
         "on a server whose torch threads take every core (its /v1/status decode_ms; the plans "
@@ -604,7 +608,7 @@ def _add_simulated_device_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--min-group-ms",
-        type=_non_negative_float,
+        type=_ms_up_to_an_hour,
         default=0.0,
         help="fewer layer groups for models whose groups would take less than this at batch 1, "
         "as `layerbatch serve --min-group-ms` (the server's default is "
@@ -657,6 +661,7 @@ MAX_THREADS = 1024
 MAX_RATE_RPS = 1000.0  # a client's frames or requests per second
 MAX_DURATION_S = 86_400.0  # a run of a client or load generator: a day
 MAX_CLIENTS = 1000  # simulated clients of one load generator
+MAX_LOAD_FACTOR = 100.0  # `pipeline sim`: offered load over the plan's throughput
 
 
 def _ascii_number(text: str) -> bool:
@@ -693,6 +698,20 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
+
+
+def _count_up_to_from_zero(most: int) -> Callable[[str], int]:
+    """A non-negative integer flag of at most `most`."""
+
+    def parse(text: str) -> int:
+        value = _non_negative_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(
+                f"expected a non-negative integer up to {most}, got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -768,6 +787,44 @@ def _positive_float(text: str) -> float:
     return _finite_float(text, lambda v: v > 0, "a positive finite number")
 
 
+def _sim_rate(text: str) -> float:
+    return _finite_float(
+        text,
+        lambda v: MIN_SIM_RATE_RPS <= v <= MAX_SIM_RATE_RPS,
+        f"a request rate from {MIN_SIM_RATE_RPS:g} to {MAX_SIM_RATE_RPS:g} req/s",
+    )
+
+
+def _ms_up_to_an_hour(text: str) -> float:
+    """A time in ms from 0 to an hour (scheduler.validate's bound on latencies)."""
+    return _finite_float(
+        text,
+        lambda v: 0 <= v <= MAX_LATENCY_MS,
+        f"a finite number >= 0, up to {MAX_LATENCY_MS:.0f} ms (an hour)",
+    )
+
+
+def _deadline_ms(text: str) -> float:
+    """A request deadline in ms, at most what the server takes (server.wire.MAX_DEADLINE_MS)."""
+    from server.wire import MAX_DEADLINE_MS
+
+    return _finite_float(
+        text,
+        lambda v: 0 < v <= MAX_DEADLINE_MS,
+        f"a deadline in ms above 0 and up to {MAX_DEADLINE_MS:.0f}, as the server takes",
+    )
+
+
+def _noise_sigma(text: str) -> float:
+    from sim.pipeline_plane import MAX_NOISE_SIGMA
+
+    return _finite_float(
+        text,
+        lambda v: 0 <= v <= MAX_NOISE_SIGMA,
+        f"a finite number >= 0, up to {MAX_NOISE_SIGMA:g}",
+    )
+
+
 def _share(text: str) -> float:
     return _finite_float(text, lambda v: 0 < v <= 1, "a share of the deadline in (0, 1]")
 
@@ -783,12 +840,13 @@ def _at_least_one(text: str) -> float:
     return value
 
 
-def _positive_floats(text: str) -> list[float]:
+def _sim_rates(text: str) -> list[float]:
     try:
-        return [_positive_float(x) for x in text.split(",")]
+        return [_sim_rate(x) for x in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"expected a positive number or a comma list of them, got {text!r}"
+            f"expected a request rate from {MIN_SIM_RATE_RPS:g} to {MAX_SIM_RATE_RPS:g} req/s or "
+            f"a comma list of them, got {text!r}"
         ) from None
 
 
@@ -810,9 +868,9 @@ def _batch_sizes(text: str) -> list[int]:
         sizes = sorted({int(x) for x in text.split(",")})
     except ValueError:
         sizes = []
-    if not sizes or sizes[0] < 1:
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_PROFILE_BATCH:
         raise argparse.ArgumentTypeError(
-            f"expected a comma list of positive integers, got {text!r}"
+            f"expected a comma list of batch sizes from 1 to {MAX_PROFILE_BATCH}, got {text!r}"
         )
     return sizes
 
@@ -839,8 +897,10 @@ def _profile_path(name: str) -> Path:
     shipped = BUNDLED_PROFILES / f"{name}.json"
     if shipped.exists():
         return shipped
-    names = ", ".join(sorted(x.stem for x in BUNDLED_PROFILES.glob("*.json")))
-    raise InputError("--profile", "", f"a profile file or a shipped profile name ({names})", name)
+    names = sorted(x.stem for x in BUNDLED_PROFILES.glob("*.json"))
+    hint = did_you_mean(name, names)
+    expected = f"a profile file or a shipped profile name (one of {', '.join(names)}{hint})"
+    raise InputError("--profile", "", expected, name)
 
 
 def _deployment_inputs(ns: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any]]:
@@ -1117,7 +1177,15 @@ def _default_plot(path: str) -> Path:
 
 def server_demo(ns: argparse.Namespace) -> int:
     from client.demo import DEMO_APPS, DEMO_RATES_RPS, format_table, run_demo
+    from server.wire import MAX_DEADLINE_MS
 
+    too_fast = [r for r in ns.rate or [] if r > MAX_RATE_RPS]
+    if too_fast:  # one load generator sends them all (a rate of 1e12 ran out of memory)
+        expected = f"rates up to {MAX_RATE_RPS:g} req/s for the server demo (more: --sim)"
+        raise InputError("--rate", "", expected, too_fast[0])
+    if (ns.deadline_ms or 0.0) > MAX_DEADLINE_MS:  # the server refuses every such request
+        expected = f"a deadline up to {MAX_DEADLINE_MS:.0f} ms, as the server takes (more: --sim)"
+        raise InputError("--deadline-ms", "", expected, ns.deadline_ms)
     plot = ns.plot or _default_plot("out/demo-server.png")
     rates = sorted(set(ns.rate or DEMO_RATES_RPS))
     duration_s, deadline_ms = ns.duration or 6.0, ns.deadline_ms or 300.0
@@ -1149,13 +1217,16 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         raise UsageError(
             "layerbatch: profile needs --out FILE (or --verify alone, to check the stages)"
         )
-    known = f"one of {', '.join(sorted(zoo.MODELS))}"
+    names = sorted(zoo.MODELS)
     if ns.model not in zoo.MODELS:
-        raise InputError("--model", "", known, ns.model)
+        expected = f"a model layerexec knows ({', '.join(names)}{did_you_mean(ns.model, names)})"
+        raise InputError("--model", "", expected, ns.model)
     others = [m for m in ns.stack_with.split(",") if m]
     for m in others:
         if m not in zoo.MODELS:
-            raise InputError("--stack-with", "", f"a comma list of models, each {known}", m)
+            hint = did_you_mean(m, names)
+            expected = f"a comma list of models layerexec knows ({', '.join(names)}{hint})"
+            raise InputError("--stack-with", "", expected, m)
     if ns.device == "cuda" and not torch.cuda.is_available():
         raise InputError(
             "--device", "", "cpu, or cuda on a machine with a GPU (none found)", "cuda"
@@ -1239,9 +1310,11 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if len(set(apps)) < len(apps):
         raise InputError("--apps", "", "a comma list of models, each once", ns.apps)
     unknown = [a for a in apps if a not in zoo.MODELS]
-    if unknown:  # before "loading ...", which would say otherwise
-        expected = f"a comma list of models layerexec knows ({', '.join(sorted(zoo.MODELS))})"
-        raise InputError("--apps", "", expected, ", ".join(unknown))
+    if unknown or not apps:  # before "loading ...", which would say otherwise
+        known = sorted(zoo.MODELS)
+        hint = did_you_mean(unknown[0], known) if unknown else ""
+        expected = f"a comma list of models layerexec knows ({', '.join(known)}{hint})"
+        raise InputError("--apps", "", expected, ", ".join(unknown) or ns.apps)
     if ns.admin_token == "":
         raise InputError("--admin-token", "", "a non-empty token (or no --admin-token)", "")
     folder = Path(ns.profiles) if ns.profiles else BUNDLED_PROFILES

@@ -21,6 +21,7 @@ from layerexec.detector import INPUT_SIZE, SSDFront, SSDTail
 from layerexec.nets.resnet20 import CIFAR10_CLASSES, CIFAR_MEAN, CIFAR_STD
 from layerexec.pointwise import route_pointwise_convs
 from layerexec.split import split_model
+from scheduler.validate import did_you_mean
 
 Kind = Literal["classifier", "segmenter", "detector", "face-detector"]
 WEIGHTS_DIR = Path(__file__).resolve().parent / "nets" / "weights"
@@ -174,7 +175,10 @@ MODELS: dict[str, ModelSpec] = {
 
 def spec(name: str) -> ModelSpec:
     if name not in MODELS:
-        raise UnknownModel(f"unknown model {name!r}: expected one of {', '.join(sorted(MODELS))}")
+        hint = did_you_mean(name, sorted(MODELS))
+        raise UnknownModel(
+            f"unknown model {name!r}: expected one of {', '.join(sorted(MODELS))}{hint}"
+        )
     return MODELS[name]
 
 

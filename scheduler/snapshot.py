@@ -41,7 +41,12 @@ REQUEST_KEYS = ("id", "app", "position", "arrival_ms", "deadline_ms")
 def load_apps(path: str | Path) -> list[App]:
     source = str(path)
     doc = json_object(read_json(path, "apps"), source, "")
-    apps = json_object(doc.get("apps"), source, "apps")
+    known_keys(doc, ("apps",), source, "")  # (a profile or state given as --apps is named so)
+    if "apps" not in doc:
+        raise InputError(
+            source, "apps", 'an object of apps, {"APP": ["MODEL", ...]} (the key is missing)'
+        )
+    apps = json_object(doc["apps"], source, "apps")
     out = []
     for name, models in apps.items():
         if (

@@ -51,10 +51,15 @@ def known_keys(doc: Mapping[str, Any], keys: Sequence[str], source: str, where: 
     of them (a misspelt key would otherwise be ignored and its default silently used)."""
     for key in doc:
         if key not in keys:
-            close = difflib.get_close_matches(str(key), keys, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            hint = did_you_mean(str(key), keys)
             field = f"{where}.{key}" if where else str(key)
             raise InputError(source, field, f"only the keys {', '.join(keys)} (unknown key{hint})")
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """ "; did you mean X?" for the choice closest to a misspelt `name`, or "" when none is."""
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def latency_at_most_an_hour(x: float, unit: str, source: str, field: str) -> None:

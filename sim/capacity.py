@@ -24,6 +24,7 @@ from scheduler.types import App
 from sim.metrics import summarise
 from sim.simulator import simulate
 from sim.workload import make_workload
+from traces.arrivals import MAX_RATE_RPS, MIN_RATE_RPS, RATE_RANGE
 
 ON_TIME_TARGET = 0.9
 
@@ -62,14 +63,14 @@ def parse_rates(text: str) -> list[float]:
             start, stop, step = (float(x) for x in text.split(":"))
             if not all(math.isfinite(x) for x in (start, stop, step)):
                 raise ValueError
-            if step <= 0 or stop < start or start <= 0:
+            if step <= 0 or stop < start or not MIN_RATE_RPS <= start <= stop <= MAX_RATE_RPS:
                 raise ValueError
             n = int(np.floor((stop - start) / step + 1e-9)) + 1
             if n > MAX_RATES:
                 raise ValueError
             return [round(start + i * step, 6) for i in range(n)]
         rates = [float(x) for x in text.split(",")]
-        if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        if not rates or not all(MIN_RATE_RPS <= r <= MAX_RATE_RPS for r in rates):
             raise ValueError
         if len(set(rates)) < len(rates) or len(rates) > MAX_RATES:
             raise ValueError
@@ -78,8 +79,8 @@ def parse_rates(text: str) -> list[float]:
         raise InputError(
             "--rates",
             "",
-            f"START:STOP:STEP with 0 < START <= STOP and STEP > 0, or a comma list of different "
-            f"positive rates; at most {MAX_RATES} rates",
+            f"START:STOP:STEP with START <= STOP and STEP > 0, or a comma list of different "
+            f"rates, each {RATE_RANGE} req/s; at most {MAX_RATES} rates",
             text,
         ) from None
 

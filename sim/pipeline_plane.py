@@ -39,6 +39,10 @@ ARRIVALS = ("poisson", "trace", "constant", "pareto")
 LOAD_FACTORS = tuple(round(0.05 * k, 2) for k in range(1, 21))
 ATTAINMENT_TARGET = 0.99
 MAX_ARRIVALS = 10**7  # requests in one run: about a GB of arrays
+# GPU time noise: at sigma 1 a task's time factor is more than e times off its median about one
+# time in three; the median is exp(-sigma^2 / 2), so at 1000 no task took any time, and past
+# a sigma of about 1e154 its square overflowed
+MAX_NOISE_SIGMA = 1.0
 AZURE_TRACE = (
     Path(__file__).resolve().parents[1]
     / "traces"
@@ -62,8 +66,9 @@ class PlaneConfig:
     fallback: bool = False
 
     def check(self) -> None:
-        if not (self.noise_sigma >= 0 and math.isfinite(self.noise_sigma)):
-            raise InputError("sim", "noise_sigma", "a non-negative number", self.noise_sigma)
+        if not 0 <= self.noise_sigma <= MAX_NOISE_SIGMA:
+            expected = f"a sigma from 0 to {MAX_NOISE_SIGMA:g}"
+            raise InputError("sim", "noise_sigma", expected, self.noise_sigma)
         if not (self.slowdown > 0 and math.isfinite(self.slowdown)):
             raise InputError("sim", "slowdown", "a positive factor", self.slowdown)
         if not 0 < self.ewma <= 1:

@@ -25,7 +25,7 @@ class Workload:
 
 def parse_mix(text: str | None, deployment: Deployment) -> dict[str, float]:
     """`app=share,...` -> shares normalised to 1; None -> equal shares over all apps."""
-    if not text:
+    if text is None:  # (an empty --mix is no mix: refused below, not read as the default)
         return {a: 1.0 / len(deployment.apps) for a in deployment.apps}
     shares: dict[str, float] = {}
     for part in text.split(","):

@@ -31,6 +31,11 @@ class TraceError(ValueError):
 ARRIVALS = ("poisson", "pareto", "constant", "recorded")
 PARETO_ALPHA = 1.25
 TIME_COLUMNS = ("timestamp", "timestamp_s", "time_s", "time", "arrival_s", "end_timestamp")
+# the request rates a run may ask for: below one a week-and-a-half apart, arrival times in ms pass
+# float's range (a rate of 1e-308 made every arrival inf, a run that silently served nothing)
+MIN_RATE_RPS = 1e-6
+MAX_RATE_RPS = 1e9
+RATE_RANGE = f"from {MIN_RATE_RPS:g} to {MAX_RATE_RPS:g}"
 
 
 def poisson_ms(rate_rps: float, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -70,8 +75,8 @@ def generate_ms(
     kind: str, rate_rps: float, n: int, rng: np.random.Generator, trace: np.ndarray | None = None
 ) -> np.ndarray:
     """Arrival times for `kind` (one of ARRIVALS); `trace` is required for "recorded"."""
-    if rate_rps <= 0:
-        raise TraceError("--rate", "", "a positive request rate in requests per second", rate_rps)
+    if not MIN_RATE_RPS <= rate_rps <= MAX_RATE_RPS:
+        raise TraceError("--rate", "", f"a request rate {RATE_RANGE} per second", rate_rps)
     if kind == "poisson":
         return poisson_ms(rate_rps, n, rng)
     if kind == "pareto":
@@ -113,8 +118,10 @@ def load_timestamps(path: str | Path) -> np.ndarray:
         except ValueError as exc:
             raise TraceError(source, "", "one number (seconds) per line", str(exc)) from None
         return _checked(np.array(values), source)
-    rows = list(csv.DictReader(lines))
-    header = {h.strip().lower(): h for h in (rows[0].keys() if rows else [])}
+    reader = csv.DictReader(lines)
+    rows = list(reader)
+    # the header row's names (a row with more cells than it would add a key None)
+    header = {h.strip().lower(): h for h in reader.fieldnames or []}
     col = next((header[c] for c in TIME_COLUMNS if c in header), None)
     if col is None:
         raise TraceError(source, "header", f"a column named one of {', '.join(TIME_COLUMNS)}")

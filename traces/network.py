@@ -42,6 +42,9 @@ from traces import DATA_DIR
 from traces.arrivals import TraceError
 
 PACKET_BYTES = 1500
+# delivery opportunities a scaled trace may hold per period (8 bytes each: 160 MB); a factor of
+# 1e300 overflowed the counts into negative ones
+MAX_OPPORTUNITIES = 2 * 10**7
 NET_TRACES_DIR = DATA_DIR / "net_traces"
 SERIES_SUFFIX = ".pitree-trace"
 _NAME_PREFIXES = ("mahimahi_", "zhuge_")
@@ -101,6 +104,10 @@ class LinkTrace:
         one packet per period)."""
         if not (math.isfinite(factor) and factor > 0):
             raise LinkTraceError(self.name, "scale", "a positive finite factor", factor)
+        most = MAX_OPPORTUNITIES / max(1, self.opportunities_ms.size)
+        if factor > most:
+            expected = f"a factor up to {most:.4g} ({MAX_OPPORTUNITIES} packets per period)"
+            raise LinkTraceError(self.name, "scale", expected, factor)
         i = np.arange(self.opportunities_ms.size + 1, dtype=np.float64)
         counts = np.diff(np.floor(i * factor)).astype(np.int64)
         if counts.sum() == 0:

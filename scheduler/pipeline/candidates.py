@@ -113,8 +113,9 @@ def shapes(
     """All (types, bounds, levels) in a fixed order over `types` (default: the cluster's types
     with GPUs); grouped by (types, bounds)."""
     use = list(types) if types is not None else cluster.types_in_use()
-    out = []
     n = profiles.num_blocks
+    _check_shape_count(n, sum(len(_levels(profiles, g, max_mps)) for g in use), max_parts)
+    out = []
     for parts in range(1, min(max_parts, n) + 1):
         for gpus in itertools.product(use, repeat=parts):
             level_sets = [_levels(profiles, g, max_mps) for g in gpus]
@@ -123,6 +124,25 @@ def shapes(
                 for levels in itertools.product(*level_sets):
                     out.append((gpus, bounds, tuple(levels)))
     return out
+
+
+MAX_SHAPES = 10**6  # pipeline shapes one plan may enumerate
+
+
+def _check_shape_count(blocks: int, options: int, max_parts: int) -> None:
+    """Refuse a partition limit whose shapes (block cuts x a GPU type and MPS level per
+    partition, `options` of those) pass MAX_SHAPES, naming the largest limit that fits: on 2
+    GPU types at 4 MPS levels, P = 4 takes 10 s and 0.6 GB, P = 5 past 6 GB and minutes."""
+    total, fits = 0, 0
+    for parts in range(1, min(max_parts, blocks) + 1):
+        total += math.comb(blocks - 1, parts - 1) * options**parts
+        if total > MAX_SHAPES:
+            expected = (
+                f"at most {fits} partitions here: {parts} make over {MAX_SHAPES} pipeline shapes "
+                f"of {blocks} blocks on {options} GPU type and MPS level pairs"
+            )
+            raise InputError("plan", "max_parts", expected, max_parts)
+        fits = parts
 
 
 def transfer_ms(profiles: ModelProfiles, cluster: Cluster, bounds: tuple[int, ...]) -> float:
