@@ -100,9 +100,11 @@ def sweep(
     admission_share: float | None = ADMISSION_SHARE,
     decode_ms: float = DECODE_MS,
     replicas: int = 1,
+    overrun: float = 1.0,
 ) -> dict[str, dict[float, float]]:
     """Each policy's on-time ratio by rate, over the grid in the module docstring, on
-    `replicas` devices, each admitted request's decode costing its device `decode_ms`, behind
+    `replicas` devices running every step `overrun` times its profile, each admitted request's
+    decode costing its device `decode_ms`, behind
     the server's door at `admission_share` (None: every request joins), which judges only the
     policies that drop late requests (`DROPS_LATE`: dp-tardy) and lets the rest through."""
     rate = START[arrival] * replicas * profile_bound_rps(d, decode_ms)
@@ -114,7 +116,7 @@ def sweep(
         for p in policies:
             run = simulate(
                 d, make_policy(p), w, admission_share=admission_share, decode_ms=decode_ms,
-                replicas=replicas,
+                replicas=replicas, overrun=overrun,
             )  # fmt: skip
             out[p][key] = float(summarise(run)["on_time_ratio"])
         below = below + 1 if all(out[p][key] < THRESHOLD for p in policies) else 0
@@ -192,6 +194,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "shipped two-thread profile, peers-log session 42; default 1)",
     )
     ap.add_argument(
+        "--overrun",
+        type=float,
+        default=1.0,
+        help="every step runs this times its profile while the plans count the profile (a "
+        "server's steps ran 1.05-1.06x their plan, peers-log session 84; default 1)",
+    )
+    ap.add_argument(
         "--profiles",
         type=Path,
         default=BUNDLED_PROFILES,
@@ -216,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--replicas: expected at least 1 device, got {a.replicas}")
     if not 0 < a.time_scale < float("inf"):
         raise SystemExit(f"--time-scale: expected a positive factor, got {a.time_scale:g}")
+    if not 0 < a.overrun < float("inf"):
+        raise SystemExit(f"--overrun: expected a positive factor, got {a.overrun:g}")
     arrivals = a.arrivals.split(",")
     for arrival in arrivals:
         if arrival not in START:
@@ -242,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 on_time = sweep(
                     d, model, arrival, deadline, n, a.seed, trace,
                     admission_share=a.admission_share, decode_ms=a.decode_ms,
-                    replicas=a.replicas,
+                    replicas=a.replicas, overrun=a.overrun,
                 )  # fmt: skip
                 these = results(model, arrival, deadline, on_time)
                 rows += these
@@ -259,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"req/s where the on-time ratio crosses {THRESHOLD} (simulated, {a.decode_ms:g} ms "
         f"decode a request, batches of at most {a.max_batch}, {a.replicas} device(s) at "
-        f"x{a.time_scale:g} the profiles in {a.profiles}; dp-tardy's admission "
+        f"x{a.time_scale:g} the profiles in {a.profiles}, steps x{a.overrun:g} their plan; "
+        f"dp-tardy's admission "
         f"{'off' if a.admission_share is None else f'share {a.admission_share:.3g}'})"
     )
     out = Path(a.out)

@@ -24,13 +24,18 @@ runs, or while the device decodes before its next step, is decoded once that ste
 admitted to an idle device at once; the next step waits for the decodes started before it (and not
 for `step_gap_ms` too: they overlap it). A request a plan drops later was still decoded. The plans
 count the decode as the server's do, per sample in each model's first stage (`with_entry_cost`),
-while the device runs that stage in its profiled time. Nothing here reads a clock except the
+while the device runs that stage in its profiled time. With `overrun`, the device runs every
+stage `overrun` times its profiled latency while the plans count the profile: a server's steps
+run past their plan (measured on one: 1.05-1.06x with the hand-offs, session 84 of
+bench/results/peers-log.md), and a plan that ends its batches right at their deadlines is then
+late. Nothing here reads a clock except the
 optional `timer` used to measure planning time, which never changes what is simulated.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +45,7 @@ from scheduler.deployment import Deployment
 from scheduler.dispatch import choose_replica
 from scheduler.engine import Dropped, Engine
 from scheduler.policies.common import QUEUE_FULL_AHEAD
-from scheduler.profile import with_entry_cost
+from scheduler.profile import scaled, with_entry_cost
 from scheduler.types import Request, Scheduler, Step
 from sim.lanes import Lane, slowdown
 from sim.workload import Workload
@@ -77,22 +82,29 @@ def simulate(
     replicas: int = 1,
     admission_share: float | None = None,
     decode_ms: float = 0.0,
+    overrun: float = 1.0,
 ) -> Outcome:
     """Run `workload` through `policy` on `replicas` simulated devices; see the module
     docstring. With `admission_share`, a request is turned away on arrival as the server turns
     it away (`scheduler.admission.Admission`, one per replica; None: every request joins). With
     `decode_ms`, each admitted request is decoded on its device, taking that long, before it
-    joins the queue (module docstring); `deployment` holds the profiles the device runs."""
+    joins the queue (module docstring); `deployment` holds the profiles the plans count, and
+    the device runs them `overrun` times slower."""
     if replicas < 1:
         raise ValueError(f"replicas: expected at least 1, got {replicas}")
     if decode_ms < 0:
         raise ValueError(f"decode_ms: expected a time of at least 0 ms, got {decode_ms}")
+    if not 0 < overrun < math.inf:
+        raise ValueError(f"overrun: expected a positive factor, got {overrun}")
     plans = deployment
     if decode_ms > 0:
         plans = deployment.with_profiles(
             with_entry_cost(p, decode_ms) for p in deployment.profiles.values()
         )
-    run = _Run(plans, deployment, decode_ms, workload, keep_log, step_gap_ms, policy.name,
+    device = deployment
+    if overrun != 1.0:
+        device = deployment.with_profiles(scaled(p, overrun) for p in deployment.profiles.values())
+    run = _Run(plans, device, decode_ms, workload, keep_log, step_gap_ms, policy.name,
                replicas, admission_share)  # fmt: skip
     devices = [_Device(i, Engine(plans, policy, timer), run) for i in range(replicas)]
     for i, (t, app) in enumerate(zip(workload.arrival_ms, workload.apps, strict=True)):

@@ -150,6 +150,7 @@ def test_profiles_come_from_the_folder_given(tmp_path: Path) -> None:
     [
         ("--replicas", "0", "--replicas: expected at least 1 device, got 0"),
         ("--time-scale", "0", "--time-scale: expected a positive factor, got 0"),
+        ("--overrun", "nan", "--overrun: expected a positive factor, got nan"),
         ("--decode-ms", "-1", "--decode-ms: expected a time of at least 0 ms, got -1"),
     ],
 )

@@ -111,6 +111,21 @@ def test_a_step_gap_idles_the_device_after_every_step(tiny: Deployment) -> None:
     assert simulate(tiny, make_policy("nobatch"), four).latency_ms["q1"] == 55.0  # no gap
 
 
+def test_overrun_runs_every_step_longer_than_the_plans_count(tiny: Deployment) -> None:
+    """nobatch with every step 1.5x its profile, by hand: q0 runs 0 -> 15 -> 45, q1 after it
+    45 -> 60 -> 90, q2 100 -> 115 -> 145. The plans still count the profile: a request due
+    35 ms after it arrives is planned on time (30 ms) and finishes late (45)."""
+    out = simulate(tiny, make_policy("nobatch"), THREE, keep_log=True, overrun=1.5)
+    assert out.latency_ms == {"q0": 45.0, "q1": 85.0, "q2": 45.0}
+    assert out.busy_ms == pytest.approx(1.5 * 90.0)
+    tight = Workload((0.0,), ("m",), 35.0, 10)
+    assert simulate(tiny, make_policy("dp-tardy"), tight).on_time == {"q0"}
+    late = simulate(tiny, make_policy("dp-tardy"), tight, overrun=1.5)
+    assert late.on_time == set() and late.dropped == {} and late.latency_ms == {"q0": 45.0}
+    with pytest.raises(ValueError, match="overrun: expected a positive factor, got 0"):
+        simulate(tiny, make_policy("nobatch"), THREE, overrun=0.0)
+
+
 def test_exact_event_log_dp_time(tiny: Deployment) -> None:
     out = simulate(tiny, make_policy("dp-time"), THREE, keep_log=True)
     assert out.log == DP_TIME_LOG
