@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import layerbatch
+from tests.cli_cases import CIFAR, FAST_CLIENT, GOOGLENET, refused
 
-GOOGLENET = "googlenet-v3-pytorch-V100"  # a shipped profile, by name
-CIFAR = "resnet20_cifar10"
-FAST_CLIENT = ["--app", CIFAR, "--source", "synthetic", "--frames", "2", "--duration", "1"]
 SIM = ["sim", "--profile", GOOGLENET, "--requests", "20"]
 CLUSTER = {
     "gpus": {"L4": {"count": 4, "per_server": 4}, "T4": {"count": 4, "per_server": 2}},
@@ -28,15 +25,6 @@ def restore_torch_threads() -> Iterator[None]:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """The one line on stderr of a command that must exit 2 having printed nothing else."""
-    code = layerbatch.main(list(argv))
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err.strip()
 
 
 @pytest.mark.parametrize("flag", ["--decode-ms", "--step-gap-ms", "--min-group-ms"])
