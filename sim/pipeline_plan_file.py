@@ -16,7 +16,9 @@ is the cluster's and profiled at that MPS level up to the batch, and the GPUs fi
 simulator does not use it). A pipeline that carries a "model" key must name the profiles' model.
 A multi-model document (`{"models": {name: {"share", "slo_ms", ...plan}}}`) gives the profiles'
 model's plan (its recorded SLO that entry's "slo_ms"), simulated alone on the cluster (the other
-models' GPUs and NIC traffic are not modelled). Anything else raises InputError naming the field.
+models' GPUs and NIC traffic are not modelled). A key the document does not name at any level
+(PLAN_KEYS, PIPELINE_KEYS, PARTITION_KEYS) is refused, with the nearest one meant, and a cluster
+description given as the plan is named so. Anything else raises InputError naming the field.
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ from typing import Any
 from scheduler.errors import InputError
 from scheduler.pipeline.milp import Cluster, Partition, Pipeline, PipelinePlan
 from scheduler.pipeline.profiles import ModelProfiles
-from scheduler.validate import is_number
+from scheduler.validate import is_number, known_keys
 from sim.pipeline_layout import check_fits
+
+# the keys `PipelinePlan.to_json` writes (and "share", beside them in a multi-model entry)
+PLAN_KEYS = ("model", "slo_ms", "share", "throughput_rps", "status", "gap", "solve_s", "pipelines")
+PIPELINE_KEYS = ("model", "gpus", "batch", "throughput_rps", "latency_ms", "partitions")
+PARTITION_KEYS = ("blocks", "gpu", "mps", "workers", "gpus_used")
 
 
 def _int(source: str, field: str, value: object, least: int) -> int:
@@ -55,6 +62,7 @@ def _partition(
 ) -> Partition:
     if not isinstance(doc, dict):
         raise InputError(source, where, "an object with blocks, gpu, mps and workers", doc)
+    known_keys(doc, PARTITION_KEYS, source, where)
     for key in ("blocks", "gpu", "mps", "workers"):
         if key not in doc:
             raise InputError(source, f"{where}.{key}", f"a {key} entry (missing)")
@@ -106,6 +114,7 @@ def _pipeline(
     where = f"pipelines[{i}]"
     if not isinstance(doc, dict):
         raise InputError(source, where, "an object with batch, throughput_rps and partitions", doc)
+    known_keys(doc, PIPELINE_KEYS, source, where)
     for key in ("batch", "throughput_rps", "partitions"):
         if key not in doc:
             raise InputError(source, f"{where}.{key}", f"a {key} entry (missing)")
@@ -165,6 +174,11 @@ def plan_from_json(
         source = f"{source}: models.{profiles.model}"
         if not isinstance(doc, dict):
             raise InputError(source, "", "a pipeline plan object with pipelines", doc)
+    if "gpus" in doc and "pipelines" not in doc:
+        raise InputError(
+            source, "", "a pipeline plan (`pipeline plan --json`), not a cluster's description"
+        )
+    known_keys(doc, PLAN_KEYS, source, "")
     model = doc.get("model")
     if model is not None:
         if not isinstance(model, str) or not model:

@@ -96,6 +96,42 @@ def test_bad_recorded_model_or_slo_is_named(
     assert str(info.value).startswith(expected)
 
 
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("plan", "plan.json: pipeline: expected only the keys model, slo_ms, share"),
+        ("pipeline", "plan.json: pipelines[0].partition: expected only the keys model, gpus"),
+        ("partition", "plan.json: pipelines[0].partitions[0].worker: expected only the keys"),
+    ],
+)
+def test_a_misspelt_key_is_named_at_every_level(
+    cluster: Cluster, doc: dict[str, Any], where: str, message: str
+) -> None:
+    """A misspelt key would be read as missing, or ignored: each level names it, and the key
+    meant ("pipelines", "partitions", "workers")."""
+    bad = json.loads(json.dumps(doc))
+    if where == "plan":
+        bad["pipeline"] = bad.pop("pipelines")
+    elif where == "pipeline":
+        bad["pipelines"][0]["partition"] = bad["pipelines"][0].pop("partitions")
+    else:
+        bad["pipelines"][0]["partitions"][0]["worker"] = 1
+    with pytest.raises(InputError) as info:
+        plan_from_json(bad, one_block("cyclegan"), cluster, "plan.json")
+    assert str(info.value).startswith(message)
+    assert "did you mean" in str(info.value)
+
+
+def test_a_cluster_given_as_the_plan_is_named_so(cluster: Cluster) -> None:
+    """`pipeline sim --plan cluster.json` said "the plan serves nothing"."""
+    cluster_doc = {"gpus": {"A": {"count": 2, "per_server": 2}}, "nic_gbps": 10}
+    with pytest.raises(InputError) as info:
+        plan_from_json(cluster_doc, one_block("cyclegan"), cluster, "c.json")
+    assert str(info.value) == (
+        "c.json: expected a pipeline plan (`pipeline plan --json`), not a cluster's description"
+    )
+
+
 def test_a_multi_model_plan_exposes_that_models_slo(cluster: Cluster, doc: dict[str, Any]) -> None:
     old = {k: v for k, v in doc.items() if k not in ("model", "slo_ms")}
     many = {"models": {"cyclegan": {"share": 1.0, "slo_ms": 42.0, **old}}}
