@@ -1,5 +1,7 @@
-"""The Open Inference Protocol (KServe v2) over HTTP with JSON tensors, so that clients written
-for Triton (tritonclient, perf_analyzer) talk to layerbatch unchanged.
+"""The Open Inference Protocol (KServe v2) over HTTP, its tensors as JSON or as binary data
+(`server.kserve_tensors`), so that clients written for Triton's HTTP API (`tritonclient.http`,
+with its defaults) talk to layerbatch unchanged. Triton's own extensions beyond binary tensors
+(model configuration, statistics, repository, shared memory) are not served.
 
 An app is a v2 model. Its input is one FP32 tensor of shape [N, C, H, W] (the app's input,
 already normalised as `GET /v2/models/{app}` says) or [C, H, W]; each of the N samples is a
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import reprlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -21,10 +22,11 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from scheduler.validate import is_int, is_number
+from scheduler.validate import is_number
 from server.body import read_body
 from server.config import RUNTIME, Served
 from server.errors import BadRequest
+from server.kserve_tensors import HEADER_LENGTH, Output, input_tensor, split_body, wants_binary
 from server.results import describe
 from server.wire import JSON, MAX_DEADLINE_MS, MAX_ITEMS, InferRequest, decode_body, finite
 
@@ -37,9 +39,10 @@ def add_kserve_routes(
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
-    app.router.add_get("/v2/models/{app}", model_metadata)
-    app.router.add_get("/v2/models/{app}/ready", model_ready)
-    app.router.add_post("/v2/models/{app}/infer", model_infer, expect_handler=expect_handler)
+    for model in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
+        app.router.add_get(model, model_metadata)
+        app.router.add_get(f"{model}/ready", model_ready)
+        app.router.add_post(f"{model}/infer", model_infer, expect_handler=expect_handler)
 
 
 def _runtime(request: web.Request) -> Served:
@@ -47,17 +50,23 @@ def _runtime(request: web.Request) -> Served:
 
 
 def _app(request: web.Request) -> str:
+    """The app the path names (each has one version, "1"); BadRequest(404) for another."""
     name = request.match_info["app"]
     lengths = _runtime(request).app_lengths()
     if name not in lengths:
         raise BadRequest(
             404, f"model: unknown model {name!r}; served models: {', '.join(sorted(lengths))}"
         )
+    version = request.match_info.get("version", "1")
+    if version != "1":
+        raise BadRequest(404, f"model {name!r}: unknown version {version!r}; it has version '1'")
     return name
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "layerbatch", "version": "0.1.0", "extensions": []})
+    return web.json_response(
+        {"name": "layerbatch", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+    )
 
 
 async def live(request: web.Request) -> web.Response:
@@ -106,21 +115,21 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def model_infer(request: web.Request) -> web.Response:
     name = _app(request)
     rt = _runtime(request)
-    if "Inference-Header-Content-Length" in request.headers:
-        raise BadRequest(
-            400, "binary tensor data is not supported: send JSON tensors (binary_data=False)"
-        )
     spec = rt.first_spec(name)
+    header, binary = split_body(await read_body(request), request.headers.get(HEADER_LENGTH))
     # a batch the queue has room for, as numbers, and the document around them
     numbers = rt.max_queued * math.prod(spec.input_shape)
-    doc = decode_body(await read_body(request), JSON, max_json_values=numbers + MAX_ITEMS)
+    doc = decode_body(header, JSON, max_json_values=numbers + MAX_ITEMS)
     if (
         not isinstance(doc, dict)
         or not isinstance(doc.get("inputs"), list)
         or len(doc["inputs"]) != 1
     ):
         raise BadRequest(400, "inputs: expected a list with exactly one input tensor")
-    x = _tensor(doc["inputs"][0], spec.input_shape, rt.max_queued)
+    last = rt.models[rt.deployment.apps[name].models[-1]].spec
+    output_name = "OUTPUT" if last.kind in ("classifier", "segmenter") else "DETECTIONS"
+    binary_output = wants_binary(doc, output_name)
+    x = input_tensor(doc["inputs"][0], binary, spec.input_shape, rt.max_queued)
     params = doc.get("parameters") or {}
     deadline = params.get("deadline_ms", 1000.0) if isinstance(params, dict) else None
     if not (is_number(deadline) and finite(deadline) and 0 < deadline <= MAX_DEADLINE_MS):
@@ -140,23 +149,25 @@ async def model_infer(request: web.Request) -> web.Response:
             },
             status=status,
         )
-    last = rt.models[rt.deployment.apps[name].models[-1]].spec
     outputs = [a["raw_output"] for a in answers]
     if isinstance(outputs[0], torch.Tensor):  # numpy on the loop (layerexec.torch_thread)
         y = np.stack([o.float().cpu().numpy() for o in outputs])
-        out = {
-            "name": "OUTPUT",
-            "datatype": "FP32",
-            "shape": list(y.shape),
-            "data": y.flatten().tolist(),
-        }
+        out = Output(output_name, "FP32", list(y.shape), y)
     else:
         texts = [json.dumps(describe(last, o)) for o in outputs]
-        out = {"name": "DETECTIONS", "datatype": "BYTES", "shape": [len(texts)], "data": texts}
-    reply: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": [out]}
+        out = Output(output_name, "BYTES", [len(texts)], texts)
+    entry, blob = out.encode(binary_output)
+    reply: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": [entry]}
     if "id" in doc:
         reply["id"] = doc["id"]
-    return web.json_response(reply)
+    if not blob:
+        return web.json_response(reply)
+    text = json.dumps(reply).encode()
+    return web.Response(
+        body=text + blob,
+        content_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(len(text))},
+    )
 
 
 async def _all_or_none(submits: Iterable[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -170,43 +181,3 @@ async def _all_or_none(submits: Iterable[Awaitable[dict[str, Any]]]) -> list[dic
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
-
-def _tensor(inp: Any, shape: tuple[int, ...], max_samples: int) -> torch.Tensor:
-    if not isinstance(inp, dict) or inp.get("datatype") != "FP32":
-        got = inp.get("datatype") if isinstance(inp, dict) else None
-        raise BadRequest(400, f"inputs[0].datatype: expected FP32, got {reprlib.repr(got)}")
-    declared = inp.get("shape")
-    if not isinstance(declared, list) or not all(is_int(v) and v > 0 for v in declared):
-        raise BadRequest(400, "inputs[0].shape: expected a list of positive integers")
-    if declared == list(shape):
-        declared = [1, *declared]
-    if declared[1:] != list(shape):
-        raise BadRequest(
-            422,
-            f"inputs[0].shape: expected [N, {', '.join(map(str, shape))}], "
-            f"got {reprlib.repr(declared)}",
-        )
-    if declared[0] > max_samples:
-        raise BadRequest(
-            422,
-            f"inputs[0].shape: expected at most {max_samples} samples (the server's queue), "
-            f"got {reprlib.repr(declared[0])}",
-        )
-    numbers = f"inputs[0].data: expected {math.prod(declared)} numbers for shape {declared}"
-    data = inp.get("data")
-    # flat, or nested by the first dimension: counted before numpy walks it (16M nested lists
-    # held the event loop for 4.3 s)
-    if not isinstance(data, list) or len(data) not in (math.prod(declared), declared[0]):
-        raise BadRequest(400, numbers)
-    try:
-        given = np.asarray(data)
-        if given.dtype.kind not in "iuf":  # strings, booleans, ints too large: not numbers
-            raise BadRequest(400, numbers)
-        with np.errstate(over="ignore"):
-            arr = given.astype(np.float32).reshape(declared)
-    except (TypeError, ValueError):
-        raise BadRequest(400, numbers) from None
-    if not np.isfinite(arr).all():
-        raise BadRequest(422, "inputs[0].data: expected finite numbers (within float32's range)")
-    return torch.from_numpy(arr)

@@ -238,7 +238,6 @@ async def test_refusals_have_the_right_status(aiohttp_server: Any) -> None:
 
     def work(c: Triton) -> dict[str, InferenceServerException]:
         return {
-            "binary": refusal(lambda: c.infer(CIFAR, [input_of(x, binary=True)])),
             "shape": refusal(lambda: c.infer(CIFAR, [input_of(small)], outputs=[output()])),
             "flat": refusal(lambda: c.infer(CIFAR, [input_of(x.reshape(2, -1))])),
             "model": refusal(lambda: c.infer("nope", [input_of(x)], outputs=[output()])),
@@ -253,7 +252,6 @@ async def test_refusals_have_the_right_status(aiohttp_server: Any) -> None:
 
     got = await with_triton(url, work)
     assert {k: e.status() for k, e in got.items()} == {
-        "binary": "400",
         "shape": "422",
         "flat": "422",
         "model": "404",
@@ -278,8 +276,12 @@ async def test_refusals_are_json_for_json_requests(
     client = await aiohttp_client(server)
     ok_input = {"name": "INPUT", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}
     cases = [
-        (f"/v2/models/{CIFAR}/infer", {"inputs": [ok_input]}, {"Inference-Header-Content-Length": "10"}, 400,
-         "binary tensor data is not supported"),
+        (f"/v2/models/{CIFAR}/infer", {"inputs": [ok_input]}, {"Inference-Header-Content-Length": "99999999"}, 400,
+         "Inference-Header-Content-Length: expected the JSON header's length in bytes"),
+        (f"/v2/models/{CIFAR}/infer", {"inputs": [ok_input], "outputs": [{"name": "LOGITS"}]}, {}, 400,
+         "outputs[0].name: expected 'OUTPUT', got 'LOGITS'"),
+        (f"/v2/models/{CIFAR}/versions/2/infer", {"inputs": [ok_input]}, {}, 404,
+         f"model '{CIFAR}': unknown version '2'"),
         (f"/v2/models/{CIFAR}/infer", {"inputs": [{**ok_input, "shape": [1, 3, 16, 16]}]}, {}, 422,
          "inputs[0].shape: expected [N, 3, 32, 32], got [1, 3, 16, 16]"),
         (f"/v2/models/{CIFAR}/infer", {"inputs": [{**ok_input, "data": [0.0] * 10}]}, {}, 400,
@@ -304,7 +306,7 @@ async def test_refusals_are_json_for_json_requests(
     assert runtime.status()["counters"]["answered"] == {}
 
 
-@pytest.mark.parametrize("case", ["binary", "shape", "model"])
+@pytest.mark.parametrize("case", ["output", "shape", "model"])
 async def test_refusal_messages_are_readable_by_tritonclient(
     aiohttp_server: Any, case: str
 ) -> None:
@@ -313,8 +315,9 @@ async def test_refusal_messages_are_readable_by_tritonclient(
     _, x = cifar_batch((0, 1))
 
     def work(c: Triton) -> InferenceServerException:
-        if case == "binary":
-            return refusal(lambda: c.infer(CIFAR, [input_of(x, binary=True)]))
+        if case == "output":
+            named = [triton.InferRequestedOutput("LOGITS")]
+            return refusal(lambda: c.infer(CIFAR, [input_of(x, binary=True)], outputs=named))
         if case == "shape":
             small = np.zeros((2, 3, 16, 16), dtype=np.float32)
             return refusal(lambda: c.infer(CIFAR, [input_of(small)]))
@@ -322,7 +325,7 @@ async def test_refusal_messages_are_readable_by_tritonclient(
 
     exc = await with_triton(url, work)
     expected = {
-        "binary": "binary tensor data is not supported: send JSON tensors (binary_data=False)",
+        "output": "outputs[0].name: expected 'OUTPUT', got 'LOGITS'",
         "shape": "inputs[0].shape: expected [N, 3, 32, 32], got [2, 3, 16, 16]",
         "model": f"model: unknown model 'nope'; served models: {CIFAR}",
     }[case]
