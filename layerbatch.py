@@ -381,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
     )
     meas.add_argument(
         "--out",
-        type=_output_file,
+        type=_json_file,
         default=None,
         help="where to write the layerbatch.profile/1 JSON (required unless --verify alone)",
     )
@@ -466,7 +466,7 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument(
         "--json-out",
-        type=_output_file,
+        type=_json_file,
         default=None,
         help="write summary and per-frame records here",
     )
@@ -654,6 +654,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"layerbatch: {message} (see {self.prog} --help)")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's refusal of a value outside `choices=` (a verb, --policy, --system, ...),
+        with the choice nearest a misspelt one: "...; did you mean dp-tardy?"."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            hint = did_you_mean(str(value), [str(c) for c in action.choices or ()])
+            raise argparse.ArgumentError(action, f"{exc.message}{hint}") from None
+
 
 MAX_COUNT = 10**6  # the largest any integer flag takes unless it says less
 MAX_REQUESTS = 10**7  # simulated requests in one run: about a GB of arrays
@@ -731,6 +740,17 @@ def _output_file(text: str) -> Path:
     if not (ancestor.is_dir() and os.access(ancestor, os.W_OK | os.X_OK)):
         raise argparse.ArgumentTypeError(
             f"expected a file in a folder this user can write, got {text!r}"
+        )
+    return path
+
+
+def _json_file(text: str) -> Path:
+    """A file `_output_file` takes, named for the JSON written there (profile --out x.png
+    wrote JSON into a file named x.png)."""
+    path = _output_file(text)
+    if path.suffix.lower() != ".json":
+        raise argparse.ArgumentTypeError(
+            f"expected a file ending .json, as what is written there is JSON, got {text!r}"
         )
     return path
 
@@ -1387,11 +1407,35 @@ def cmd_client(ns: argparse.Namespace) -> int:
     if ns.arrival == "poisson":
         if ns.rate is None or ns.fps is not None:
             raise UsageError("layerbatch client: --arrival poisson takes --rate R (not --fps)")
+        _some_request_arrives(ns.rate, ns.duration, ns.seed)
     elif ns.rate is not None:
         raise UsageError("layerbatch client: --rate needs --arrival poisson (or use --fps)")
     elif ns.fps is None:
         ns.fps = 10.0
     return client_command(ns)
+
+
+CERTAIN_ARRIVALS = 50.0  # expected Poisson requests past which one arrives (all but e^-50)
+
+
+def _some_request_arrives(rate_rps: float, duration_s: float, seed: int) -> None:
+    """Refuse a client's Poisson run in which no request arrives (it printed "requests: 0"
+    and exit 0), before it loads its model or reaches its server: the client draws its
+    arrivals from `client.mobile.arrivals_ms` with default_rng(--seed), so the same draw here
+    sees what it will (drawn only when few are expected, so this costs nothing)."""
+    if rate_rps * duration_s >= CERTAIN_ARRIVALS:
+        return
+    import numpy as np
+
+    from client.mobile import arrivals_ms
+
+    if arrivals_ms(duration_s, None, rate_rps, np.random.default_rng(seed)):
+        return
+    raise UsageError(
+        f"layerbatch client: no request arrives within --duration {duration_s:g} s at --rate "
+        f"{rate_rps:g} req/s (Poisson arrivals, --seed {seed}, {rate_rps * duration_s:.3g} "
+        "expected); raise --rate or --duration"
+    )
 
 
 def cmd_loadgen(ns: argparse.Namespace) -> int:
@@ -1638,6 +1682,8 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
             f"simulating it at --slo-ms {ns.slo_ms:g}",
             file=sys.stderr,
         )
+    if ns.load_factor is not None:
+        _load_factor_fits(ns.load_factor, plan.throughput_rps, ns.duration_s)
     trace = load_timestamps(ns.trace or BUNDLED_TRACE) if ns.arrival == "trace" else None
     config = PlaneConfig(noise_sigma=ns.noise_sigma)
     rng = np.random.default_rng(ns.seed)
@@ -1682,6 +1728,43 @@ def cmd_pipeline_sim(ns: argparse.Namespace) -> int:
     )
     print(f"  utilisation: {util}")
     return 0
+
+
+MIN_EXPECTED_REQUESTS = 10.0  # in a `pipeline sim` run (as its own "give 10 / rate s" says)
+
+
+def _load_factor_fits(load_factor: float, plan_rps: float, duration_s: float) -> None:
+    """Refuse, naming --load-factor, one at which the plan's throughput gives a rate outside
+    the simulator's range or fewer than MIN_EXPECTED_REQUESTS expected within --duration-s
+    (--load-factor 1e-300 was named as a --rate no one gave, 1e-6 as a --duration-s too short;
+    at 1e-3 a run of a second held one request, or none)."""
+    if not (plan_rps > 0 and math.isfinite(plan_rps)):  # a plan serving nothing: named later
+        return
+    rate = load_factor * plan_rps
+    high = min(MAX_LOAD_FACTOR, MAX_SIM_RATE_RPS / plan_rps)
+    low = max(MIN_SIM_RATE_RPS, MIN_EXPECTED_REQUESTS / duration_s) / plan_rps
+    plan = f"this plan's {plan_rps:.1f} req/s"
+    few = f"{MIN_EXPECTED_REQUESTS:g} requests"
+    if MIN_SIM_RATE_RPS <= rate <= MAX_SIM_RATE_RPS and rate * duration_s < MIN_EXPECTED_REQUESTS:
+        factor = f"--load-factor to {_up(low)} (up to {high:.3g}) or " if low <= high else ""
+        raise UsageError(
+            f"layerbatch: at --load-factor {load_factor:g} of {plan}, fewer than {few} "
+            f"({rate * duration_s:.3g}) are expected within --duration-s {duration_s:g}; raise "
+            f"{factor}--duration-s to {_up(MIN_EXPECTED_REQUESTS / rate)} s"
+        )
+    if not MIN_SIM_RATE_RPS <= rate <= MAX_SIM_RATE_RPS:  # no --duration-s mends these
+        why = f", so that {few} or more are expected within --duration-s {duration_s:g}"
+        if low > high:  # and --duration-s is too short for any
+            low = MIN_SIM_RATE_RPS / plan_rps
+            why = f" (simulated rates start at {MIN_SIM_RATE_RPS:g} req/s)"
+        expected = f"a load factor from {_up(low)} to {high:.3g} of {plan}{why}"
+        raise InputError("--load-factor", "", expected, load_factor)
+
+
+def _up(x: float) -> str:
+    """`x` to three significant digits, rounded up: a lower bound that, given, passes."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return f"{math.ceil(x / unit) * unit:.3g}"
 
 
 def cmd_models(ns: argparse.Namespace) -> int:
