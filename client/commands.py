@@ -192,6 +192,14 @@ def loadgen_command(ns: argparse.Namespace) -> int:
             run_fleet(fleet, ns.clients[0], ns.offload, ns.duration,
                       np.random.default_rng(ns.seed), say)
         )  # fmt: skip
+        if not records:  # a run that measured nothing is no result (it printed "requests: 0")
+            print(
+                f"layerbatch loadgen: no request arrived within --duration {ns.duration:g} s "
+                f"from --clients {ns.clients[0]} at --rate-per-client {ns.rate_per_client:g} "
+                "req/s (Poisson arrivals); raise one of them",
+                file=sys.stderr,
+            )
+            return 2
         doc = {
             "summary": {"clients": ns.clients[0], **summary(records)},
             "records": [r.as_json() for r in records],

@@ -574,3 +574,20 @@ def test_cli_loadgen_refuses_an_app_the_server_does_not_serve(
         f"layerbatch loadgen: --app: expected an app the server serves ({CIFAR}), "
         "got mobilenet_v2\n"
     )
+
+
+def test_cli_loadgen_in_which_no_request_arrives_is_an_error(
+    server: LiveServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A load test that sent nothing measured nothing: it printed "requests: 0" and exit 0."""
+    out = tmp_path / "run.json"
+    argv = ["loadgen", "--server", server.url, "--app", CIFAR, "--source", "synthetic",
+            "--frames", "2", "--duration", "1", "--clients", "1", "--rate-per-client", "0.001",
+            "--json-out", str(out)]  # fmt: skip
+    assert layerbatch.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        "layerbatch loadgen: no request arrived within --duration 1 s from --clients 1 at "
+        "--rate-per-client 0.001 req/s (Poisson arrivals); raise one of them"
+    )
+    assert not out.exists()
