@@ -27,9 +27,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy --strict scheduler sim
-	$(BIN)/mypy traces layerexec server client layerbatch.py
-	$(BIN)/mypy -p bench
+	$(BIN)/mypy --strict scheduler sim traces layerexec server client layerbatch.py
+	$(BIN)/mypy --strict -p bench
 
 pytest: setup
 	$(BIN)/python -m pytest

@@ -1319,8 +1319,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from layerexec import zoo
     from layerexec.torch_thread import yield_to_torch
     from scheduler.profile import load_profile_of
-    from server.app import ServerConfig, make_app, serve
+    from server.app import make_app, serve
     from server.build import BUNDLED_PROFILES, DEFAULT_APPS, build_runtime, profile_path
+    from server.config import ServerConfig
 
     def progress(model: str, total: int) -> Any:
         bar = tqdm(total=total, desc=f"measuring {model}", unit="stage", file=sys.stderr)

@@ -43,9 +43,9 @@ import torch
 
 from client.frames import video_frames
 from layerexec.features import decode_features, encode_features
+from layerexec.images import rgb_tensor
 from layerexec.quant import Quantised, dequantise, quantise
 from layerexec.zoo import load_model
-from server.inputs import rgb_tensor
 
 DEFAULT_MODELS = "resnet18,mobilenet_v2,googlenet,resnet20_cifar10,ultraface_slim320"
 DEFAULT_JSON = "bench/results/feature_codec.json"

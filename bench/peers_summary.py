@@ -292,7 +292,8 @@ def load_grid(path: Path) -> list[dict[str, Any]]:
             f'--grid {path}: no "table" in it; expected the JSON a finished bench/peers.py run '
             "writes (a .partial.json is not finished: continue it with --resume)"
         )
-    return doc["table"]
+    table: list[dict[str, Any]] = doc["table"]
+    return table
 
 
 def rule_cases(paths: Sequence[Path]) -> list[tuple[str, Rounds]]:

@@ -160,7 +160,7 @@ def parting_rate(rows: Sequence[dict[str, Any]]) -> float:
     """The rate whose completion times the plot shows: the highest at which some policy still
     served ON_TIME_TARGET on time (where the policies part), else the lowest tried."""
     ok = [r["rate_rps"] for r in rows if (r["on_time_ratio"] or 0.0) >= ON_TIME_TARGET]
-    return max(ok) if ok else min(r["rate_rps"] for r in rows)
+    return float(max(ok) if ok else min(r["rate_rps"] for r in rows))
 
 
 def plot_demo(

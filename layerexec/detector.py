@@ -32,7 +32,8 @@ class SSDFront(nn.Module):
         self.features0 = model.backbone.features[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features0((x - self.mean) / self.std)
+        y: torch.Tensor = self.features0((x - self.mean) / self.std)
+        return y
 
 
 class SSDTail(nn.Module):

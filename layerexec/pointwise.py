@@ -38,9 +38,10 @@ class OneDnnPointwise(nn.Conv2d):
             and torch.backends.mkldnn.enabled
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
         ):
-            return torch.ops.aten.mkldnn_convolution(
+            y: torch.Tensor = torch.ops.aten.mkldnn_convolution(
                 x, self.weight, self.bias, [0, 0], [1, 1], [1, 1], 1
             )
+            return y
         return super().forward(x)
 
 

@@ -437,7 +437,8 @@ class Runtime:
         if req.jpeg is not None:
             return image_tensor(req.jpeg, self.first_spec(req.app))
         if req.tensor is not None:
-            return req.tensor  # shape checked at admission
+            tensor: torch.Tensor = req.tensor  # shape checked at admission
+            return tensor
         assert req.features is not None
         model, stage = self.deployment.locate(req.app, req.position)
         return feature_tensor(req.features, self.models[model].in_shapes[stage])

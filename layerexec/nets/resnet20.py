@@ -133,7 +133,8 @@ class ResNet(nn.Module):
         out = self.layer3(out)
         out = F.adaptive_avg_pool2d(out, 1)
         out = torch.flatten(out, 1)
-        return self.linear(out)
+        logits: torch.Tensor = self.linear(out)
+        return logits
 
 
 def resnet20(num_classes: int = 10) -> ResNet:
