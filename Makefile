@@ -27,8 +27,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 typecheck: setup
-	$(BIN)/mypy --strict scheduler sim traces layerexec server client layerbatch.py
-	$(BIN)/mypy --strict -p bench
+	$(BIN)/mypy --strict -p scheduler -p sim -p traces -p layerexec -p server -p client -p bench -m layerbatch
 
 pytest: setup
 	$(BIN)/python -m pytest
