@@ -146,18 +146,28 @@ class Output:
         return entry, blob
 
 
-def wants_binary(doc: dict[str, Any], output_name: str) -> bool:
-    """Whether the request asks for `output_name` as binary data; BadRequest(400) when it names
-    another output or asks for what is not served (classification)."""
+@dataclass(frozen=True)
+class Requested:
+    """How the request wants its output: as binary data or JSON, and as the top `classes`
+    classes (Triton's classification extension: BYTES "value:index:label", best first) or, with
+    0, as the tensor itself."""
+
+    binary: bool
+    classes: int
+
+
+def requested(doc: dict[str, Any], output_name: str) -> Requested:
+    """What the request asks of `output_name`; BadRequest(400) when it names another output or
+    asks in a form not understood."""
     params = doc.get("parameters")
     default = isinstance(params, dict) and params.get("binary_data_output") is True
-    requested = doc.get("outputs")
-    if requested is None:
-        return default
-    if not isinstance(requested, list) or not requested:
+    asked = doc.get("outputs")
+    if asked is None:
+        return Requested(default, 0)
+    if not isinstance(asked, list) or not asked:
         raise BadRequest(400, f"outputs: expected a list naming {output_name!r}, or no outputs")
-    binary = default
-    for i, out in enumerate(requested):
+    binary, classes = default, 0
+    for i, out in enumerate(asked):
         name = out.get("name") if isinstance(out, dict) else None
         if name != output_name:
             raise BadRequest(
@@ -166,9 +176,25 @@ def wants_binary(doc: dict[str, Any], output_name: str) -> bool:
         params = out.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(400, f"outputs[{i}].parameters: expected an object")
-        if params.get("classification", 0):
+        classes = params.get("classification", 0)
+        if not (is_int(classes) and classes >= 0):
             raise BadRequest(
-                400, f"outputs[{i}].parameters.classification: not supported; ask for no classes"
+                400,
+                f"outputs[{i}].parameters.classification: expected a number of classes (0 for "
+                f"the tensor itself), got {reprlib.repr(classes)}",
             )
         binary = params.get("binary_data", binary) is True
-    return binary
+    return Requested(binary, int(classes))
+
+
+def top_classes(scores: np.ndarray, classes: int, labels: tuple[str, ...]) -> list[str]:
+    """Each sample's `classes` best classes (at most as many as there are), best first, as
+    Triton's classification extension writes them: "value:index:label" ("value:index" for a
+    class without a label), row after row for an [N, classes] BYTES tensor."""
+    k = min(classes, scores.shape[1])
+    out = []
+    for row in scores:
+        for i in np.argsort(-row, kind="stable")[:k]:
+            label = f":{labels[i]}" if i < len(labels) else ""
+            out.append(f"{row[i]:f}:{i}{label}")
+    return out

@@ -1,5 +1,6 @@
-"""KServe v2 binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's default)
-and versioned model paths, driven by `tritonclient.http` and by raw HTTP on a real port."""
+"""KServe v2 binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's default),
+Triton's classification and model configuration extensions, and versioned model paths, driven
+by `tritonclient.http` and by raw HTTP on a real port."""
 
 from __future__ import annotations
 
@@ -182,8 +183,9 @@ async def test_binary_refusals(aiohttp_server: Any, aiohttp_client: Any) -> None
          "body: 8 bytes of binary data follow the JSON header, but no input declares "
          "parameters.binary_data_size"),
         ({"inputs": [_input(x, binary_data_size=size)],
-          "outputs": [{"name": "OUTPUT", "parameters": {"classification": 3}}]}, blob,
-         "outputs[0].parameters.classification: not supported"),
+          "outputs": [{"name": "OUTPUT", "parameters": {"classification": -1}}]}, blob,
+         "outputs[0].parameters.classification: expected a number of classes (0 for the tensor "
+         "itself), got -1"),
         ({"inputs": [_input(x, binary_data_size=size)], "outputs": []}, blob,
          "outputs: expected a list naming 'OUTPUT', or no outputs"),
     ]  # fmt: skip
@@ -212,3 +214,131 @@ async def test_bytes_framing_is_tritons() -> None:
     assert entry["parameters"] == {"binary_data_size": len(blob)}
     assert blob[:4] == struct.pack("<I", len(texts[0]))
     assert [b.decode() for b in deserialize_bytes_tensor(blob)] == texts
+
+
+async def test_classification_ranks_the_logits(aiohttp_server: Any) -> None:
+    """Triton's classification extension, as its image_client example asks for it: each
+    sample's best classes as "value:index:label", best first."""
+    runtime = build()
+    url, _ = await start(aiohttp_server, runtime)
+    _, x = cifar_batch((0, 5))
+    labels = runtime.first_spec(CIFAR).labels
+    assert len(labels) == 10
+
+    def work(c: Triton) -> dict[str, Any]:
+        deadline = {"deadline_ms": 30_000}
+
+        def ranked(binary: bool, k: int) -> Any:
+            asked = [triton.InferRequestedOutput("OUTPUT", binary_data=binary, class_count=k)]
+            return c.infer(
+                CIFAR, [input_of(x, binary=True)], outputs=asked, parameters=deadline
+            ).as_numpy("OUTPUT")
+
+        return {
+            "logits": c.infer(CIFAR, [input_of(x)], parameters=deadline).as_numpy("OUTPUT"),
+            "top3 binary": ranked(True, 3),
+            "top3 json": ranked(False, 3),
+            "all of 99": ranked(True, 99),
+        }
+
+    got = await with_triton(url, work)
+    logits = got["logits"]
+    for name, k in (("top3 binary", 3), ("top3 json", 3), ("all of 99", 10)):
+        ranked = got[name]
+        assert ranked.shape == (2, k), name
+        for n in range(2):
+            rows = [(t.decode() if isinstance(t, bytes) else t).split(":") for t in ranked[n]]
+            indices = [int(r[1]) for r in rows]
+            assert indices == list(np.argsort(-logits[n], kind="stable")[:k]), name
+            assert [r[2] for r in rows] == [labels[i] for i in indices]
+            values = [float(r[0]) for r in rows]
+            assert values == sorted(values, reverse=True)
+            np.testing.assert_allclose(values, logits[n][indices], atol=1e-4)
+
+
+async def test_classification_of_a_detector_is_refused(aiohttp_server: Any) -> None:
+    runtime = build([FACES])
+    url, _ = await start(aiohttp_server, runtime)
+    x = np.zeros((1, *runtime.first_spec(FACES).input_shape), dtype=np.float32)
+
+    def work(c: Triton) -> Any:
+        asked = [triton.InferRequestedOutput("DETECTIONS", class_count=2)]
+        try:
+            c.infer(FACES, [input_of(x, binary=True)], outputs=asked)
+        except triton.InferenceServerException as exc:
+            return exc.status(), exc.message()
+        return None
+
+    assert await with_triton(url, work) == (
+        "400",
+        f"outputs[0].parameters.classification: expected 0, as {FACES!r} is not a classifier "
+        "(face-detector): its output has no classes to rank",
+    )
+    assert runtime.status()["counters"]["answered"] == {}
+
+
+async def test_model_configuration(aiohttp_server: Any) -> None:
+    """Triton's model configuration as `get_model_config` reads it, consistent with the
+    metadata: the batch a request may carry, the input's layout and dims, the output's."""
+    runtime = build([CIFAR, FACES])
+    url, _ = await start(aiohttp_server, runtime)
+
+    def work(c: Triton) -> dict[str, Any]:
+        return {
+            "cifar": c.get_model_config(CIFAR),
+            "cifar v1": c.get_model_config(CIFAR, model_version="1"),
+            "faces": c.get_model_config(FACES),
+            "server": c.get_server_metadata(),
+        }
+
+    got = await with_triton(url, work)
+    assert got["cifar"] == got["cifar v1"]
+    assert got["cifar"] == {
+        "name": CIFAR,
+        "platform": "layerbatch",
+        "max_batch_size": runtime.max_queued,
+        "input": [
+            {
+                "name": "INPUT",
+                "data_type": "TYPE_FP32",
+                "format": "FORMAT_NCHW",
+                "dims": [3, 32, 32],
+            }
+        ],
+        "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [10]}],
+    }
+    faces = got["faces"]
+    assert faces["input"][0]["dims"] == [3, 240, 320]
+    assert faces["output"] == [
+        {"name": "DETECTIONS", "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}
+    ]
+    assert {"classification", "model_configuration"} <= set(got["server"]["extensions"])
+
+
+async def test_the_requests_tritons_image_client_makes(aiohttp_server: Any) -> None:
+    """What Triton's image_client example asks of a classifier over HTTP, and how it reads the
+    answers: metadata and configuration agreeing on one batched NCHW FP32 input and one FP32
+    vector output, then its best classes, read as "value:index:label" from raw bytes."""
+    runtime = build()
+    url, _ = await start(aiohttp_server, runtime)
+    _, x = cifar_batch((4, 6))
+
+    def work(c: Triton) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        meta, config = c.get_model_metadata(CIFAR, ""), c.get_model_config(CIFAR, "")
+        asked = [triton.InferRequestedOutput(meta["outputs"][0]["name"], class_count=2)]
+        sent = triton.InferInput(meta["inputs"][0]["name"], list(x.shape), "FP32")
+        sent.set_data_from_numpy(x)  # binary, the default
+        return meta, config, c.infer(CIFAR, [sent], outputs=asked).as_numpy("OUTPUT")
+
+    meta, config, answers = await with_triton(url, work)
+    assert len(meta["inputs"]) == len(meta["outputs"]) == len(config["input"]) == 1
+    assert config["max_batch_size"] > 0 and len(meta["inputs"][0]["shape"]) == 3 + 1
+    assert config["input"][0]["format"] == "FORMAT_NCHW"
+    assert meta["outputs"][0]["datatype"] == "FP32"
+    assert sum(d > 1 for d in meta["outputs"][0]["shape"][1:]) == 1  # a vector a sample
+    assert answers.dtype.type == np.object_ and answers.shape == (2, 2)
+    for row in answers:
+        for result in row:
+            score, index, label = "".join(chr(b) for b in result).split(":")
+            assert runtime.first_spec(CIFAR).labels[int(index)] == label
+            assert np.isfinite(float(score))
