@@ -596,17 +596,18 @@ async def test_server_plans_equal_simulator_plans(aiohttp_client: Any, policy: s
     rgb = synthetic_rgb(32, 32, seed=5)
     with StageGate(runtime, FACES, 0) as gate:
         gate.close()
-        # a deadline short enough that nexus (which waits to fill a batch until the oldest
-        # request's budget runs out) starts the first batch within a second, and long enough
-        # that a stall of the test process cannot drop the request before it reaches the gate
-        # (at 150 ms it once never reached it in a full run)
-        first = infer_doc(face, app=FACES, request_id="f0", deadline_ms=1000.0)
+        # deadlines short enough that nexus (which waits to fill a batch until the oldest
+        # request's budget runs out) starts the first batch within two seconds, and long enough
+        # that a stall of the test process drops none of the ten before all are queued (at
+        # 150 ms the first once never reached the gate in a full run, and at 500-1000 ms one
+        # of the ten was once dropped before the tenth came)
+        first = infer_doc(face, app=FACES, request_id="f0", deadline_ms=2000.0)
         tasks = [asyncio.create_task(infer(client, first))]
         await gate.held()
         for i in range(6):
             tasks.append(
                 asyncio.create_task(
-                    infer(client, infer_doc(small_jpeg(i), request_id=f"c{i}", deadline_ms=500.0 + 100 * i))
+                    infer(client, infer_doc(small_jpeg(i), request_id=f"c{i}", deadline_ms=2000.0 + 100 * i))
                 )
             )  # fmt: skip
         for k in (3, 7):
@@ -616,14 +617,14 @@ async def test_server_plans_equal_simulator_plans(aiohttp_client: Any, policy: s
                     infer(
                         client,
                         infer_doc(
-                            features_payload(x, k, "raw"), request_id=f"k{k}", deadline_ms=800.0
+                            features_payload(x, k, "raw"), request_id=f"k{k}", deadline_ms=2300.0
                         ),
                     )
                 )
             )
         tasks.append(
             asyncio.create_task(
-                infer(client, infer_doc(face, app=FACES, request_id="f1", deadline_ms=1000.0))
+                infer(client, infer_doc(face, app=FACES, request_id="f1", deadline_ms=2000.0))
             )
         )
         await wait_for(lambda: len(runtime.pending) == 10, "10 queued requests")
