@@ -103,11 +103,20 @@ async def _not_serving(server: str, app: str) -> str | None:
 
 
 def client_command(ns: argparse.Namespace) -> int:
+    times = arrivals_ms(ns.duration, ns.fps, ns.rate, np.random.default_rng(ns.seed))
+    if not times:  # a run that would measure nothing (it printed "requests: 0" and exit 0)
+        print(
+            f"layerbatch client: no request arrives within --duration {ns.duration:g} s at "
+            f"--rate {ns.rate:g} req/s (Poisson arrivals, --seed {ns.seed}); raise --rate or "
+            "--duration",
+            file=sys.stderr,
+        )
+        return 2
     inputs = _checked_inputs(ns, "client", measures_server=False)
     if inputs is None:
         return 2
     model, frames, uplink, downlink = inputs
-    records = asyncio.run(_client(ns, model, frames, uplink, downlink))
+    records = asyncio.run(_client(ns, model, frames, uplink, downlink, times))
     doc: dict[str, Any] = {"summary": summary(records), "records": [r.as_json() for r in records]}
     _print_summary(doc["summary"])
     if ns.json_out:
@@ -129,6 +138,7 @@ async def _client(
     frames: list[Frame],
     uplink: LinkTrace | None,
     downlink: LinkTrace | None,
+    times: list[float],
 ) -> list[FrameRecord]:
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -150,7 +160,6 @@ async def _client(
             client = MobileClient(
                 "client0", device, remote, ns.offload, ns.deadline_ms, clock_ms, Once(_say)
             )
-            times = arrivals_ms(ns.duration, ns.fps, ns.rate, np.random.default_rng(ns.seed))
             return await client.run(frames, times)
     finally:
         device.close()
