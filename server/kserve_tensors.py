@@ -121,7 +121,8 @@ def _json_fp32(data: Any, declared: list[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Output:
-    """An output tensor: FP32 numbers, or one string per sample (BYTES)."""
+    """An output tensor of `shape`: FP32 numbers, or strings in row-major order (BYTES: a
+    detector's JSON, one a sample, or a classifier's best classes)."""
 
     name: str
     datatype: str
