@@ -1237,15 +1237,12 @@ def cmd_profile(ns: argparse.Namespace) -> int:
         raise UsageError(
             "layerbatch: profile needs --out FILE (or --verify alone, to check the stages)"
         )
-    names = sorted(zoo.MODELS)
     if ns.model not in zoo.MODELS:
-        expected = f"a model layerexec knows ({', '.join(names)}{did_you_mean(ns.model, names)})"
-        raise InputError("--model", "", expected, ns.model)
+        raise InputError("--model", "", f"a model {_known_models(ns.model)}", ns.model)
     others = [m for m in ns.stack_with.split(",") if m]
     for m in others:
         if m not in zoo.MODELS:
-            hint = did_you_mean(m, names)
-            expected = f"a comma list of models layerexec knows ({', '.join(names)}{hint})"
+            expected = f"a comma list of models {_known_models(m)}"
             raise InputError("--stack-with", "", expected, m)
     if ns.device == "cuda" and not torch.cuda.is_available():
         raise InputError(
@@ -1313,6 +1310,14 @@ def cmd_profile(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _known_models(misspelt: str) -> str:
+    """ "layerexec knows (A, B, ...; did you mean X?)", for a refusal of a model it does not."""
+    from layerexec import zoo
+
+    names = sorted(zoo.MODELS)
+    return f"layerexec knows ({', '.join(names)}{did_you_mean(misspelt, names)})"
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -1332,9 +1337,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         raise InputError("--apps", "", "a comma list of models, each once", ns.apps)
     unknown = [a for a in apps if a not in zoo.MODELS]
     if unknown or not apps:  # before "loading ...", which would say otherwise
-        known = sorted(zoo.MODELS)
-        hint = did_you_mean(unknown[0], known) if unknown else ""
-        expected = f"a comma list of models layerexec knows ({', '.join(known)}{hint})"
+        expected = f"a comma list of models {_known_models(unknown[0] if unknown else '')}"
         raise InputError("--apps", "", expected, ", ".join(unknown) or ns.apps)
     if ns.admin_token == "":
         raise InputError("--admin-token", "", "a non-empty token (or no --admin-token)", "")
